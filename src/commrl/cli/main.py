@@ -1,0 +1,51 @@
+"""``commrl``: one entry point, one sub-command per pipeline stage.
+
+Each sub-command lives in its own module ``commrl.cli.<name>`` exposing ``add_arguments(parser)`` and
+``run(args) -> int``; modules are imported only when their sub-command runs, so ``commrl --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init-store": ("commrl.cli.init_store", "create the MLflow store (and experiments) once, before parallel jobs"),
+    "prepare": ("commrl.cli.prepare", "prepare a dataset (MATH, MATH500, DeepScaleR, toy) as verl parquet"),
+    "pretrain": ("commrl.cli.pretrain", "pretrain the tiny base policy on the toy task"),
+    "train": ("commrl.cli.train", "one training run (local driver), configured with Hydra overrides"),
+    "verl-train": ("commrl.cli.verl_train", "one training run on a cluster through verl's main_ppo"),
+    "eval": ("commrl.cli.eval", "evaluate one checkpoint on one benchmark with lm-eval"),
+    "sweep": ("commrl.cli.sweep", "Optuna sweeps: init, worker, summary"),
+    "report": ("commrl.cli.report", "the note's figures and tables from the MLflow store"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="commrl", description="commrl: run, sweep, evaluate and compare two-circuit RL training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if argv and argv[0] not in ("-h", "--help"):
+            parser.error(f"unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}")
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"commrl {name}", description=help_text)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

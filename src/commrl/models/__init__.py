@@ -1,0 +1,1 @@
+"""Models: the tiny Qwen2-architecture policy, its character tokenizer, base-policy pretraining."""
