@@ -1,0 +1,1 @@
+"""RL for the local driver: GRPO through verl's core_algos, samplers, reward, mismatch metrics, trainer."""
