@@ -1,0 +1,255 @@
+"""The note's figures (method.md §6) from one pair's runs, one function per figure, PNG on the Agg canvas.
+
+Each function returns a ``FigureResult``; a figure whose metric no condition logged is not drawn and
+carries the note that says so ("Figure 6 skipped (A): no runs with actor/kl_loss for conditions ...").
+Every condition that logged the metric is drawn; the note's conditions that are missing are named.
+Several seeds: the mean with a min-max band; one seed: a plain line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from commrl.report import curves as cv
+from commrl.report.runs import PairRuns
+from commrl.report.style import benchmark_label, order_conditions
+from commrl.report.tables import eval_scores
+
+TICK_LABEL = "tick (optimizer step)"
+DPI = 110
+
+
+@dataclass(frozen=True)
+class FigureResult:
+    file: str
+    pair: str
+    number: int
+    title: str
+    caption: str
+    drawn: bool
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {"file": self.file, "pair": self.pair, "number": self.number, "title": self.title,
+                "caption": self.caption, "drawn": self.drawn, "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class Panel:
+    metric: str
+    title: str
+    ylabel: str
+    log: bool = False
+
+
+def file_name(number: int, slug: str, pair: str) -> str:
+    """``fig<NN>_<slug>_<pair>.png``, the pair made file-safe."""
+    return f"fig{number:02d}_{slug}_{re.sub(r'[^A-Za-z0-9_.-]', '_', pair)}.png"
+
+
+def _save(fig: Figure, path: Path) -> None:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=DPI, format="png")
+
+
+def _plot_curve(ax: Axes, curve: cv.Curve, condition: str, colour: str, markers: bool) -> None:
+    label = condition if curve.seeds == 1 else f"{condition} (mean of {curve.seeds} seeds)"
+    marker = "o" if markers or len(curve) == 1 else None
+    ax.plot(curve.steps, curve.mean, color=colour, label=label, marker=marker, markersize=4, linewidth=1.4)
+    if curve.seeds > 1:
+        ax.fill_between(curve.steps, curve.lo, curve.hi, color=colour, alpha=0.2, linewidth=0)
+
+
+def _no_data(ax: Axes) -> None:
+    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def _skipped(runs: PairRuns, file: str, number: int, title: str, caption: str, what: str,
+             expected: Sequence[str]) -> FigureResult:
+    note = f"Figure {number} skipped ({runs.pair}): no runs with {what} for conditions {', '.join(expected)}"
+    return FigureResult(file, runs.pair, number, title, caption, False, (note,))
+
+
+def _missing_note(
+    runs: PairRuns, number: int, what: str, expected: Sequence[str], present: set[str]
+) -> list[str]:
+    missing = ", ".join(c for c in expected if c not in present)
+    if not missing:
+        return []
+    return [f"Figure {number} ({runs.pair}): no runs with {what} for {missing}; drawn without them"]
+
+
+def _lines(
+    runs: PairRuns, colours: dict[str, str], out_dir: Path, *, number: int, slug: str, title: str,
+    caption: str, panels: Sequence[Panel], expected: Sequence[str], markers: bool = False,
+) -> FigureResult:
+    """A figure of per-tick curves, one panel per metric, one line (and band) per condition."""
+    file = file_name(number, slug, runs.pair)
+    conditions = order_conditions(runs.conditions())
+    found = [cv.curves(runs, p.metric, conditions) for p in panels]
+    what = " or ".join(p.metric for p in panels)
+    if not any(found):
+        return _skipped(runs, file, number, title, caption, what, expected)
+    notes = _missing_note(runs, number, what, expected, {c for f in found for c in f})
+    fig = Figure(figsize=(5.5 * len(panels) + 1.5, 4.2), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    read = runs.read_at()
+    for ax, panel, panel_curves in zip(axes, panels, found, strict=True):
+        for condition, curve in panel_curves.items():
+            _plot_curve(ax, curve, condition, colours[condition], markers)
+        ax.set(title=panel.title if len(panels) > 1 else "", xlabel=TICK_LABEL, ylabel=panel.ylabel)
+        if not panel_curves:
+            _no_data(ax)
+            notes.append(f"Figure {number} ({runs.pair}): panel '{panel.title}' is empty, no runs with "
+                         f"{panel.metric}")
+            continue
+        if read is not None:
+            ax.axvline(read, linestyle=":", color="0.4", linewidth=1, label=f"read at tick {read}")
+        values = np.concatenate([c.mean for c in panel_curves.values()])
+        if panel.log and np.any(values > 0):
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(f"{title} (pair {runs.pair})")
+    _save(fig, out_dir / file)
+    caption += " A condition with several seeds: their mean, with a min-max band."
+    return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
+
+
+def score_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    return _lines(
+        runs, colours, out_dir, number=2, slug="score", title="Group score per tick",
+        caption="Mean verified accuracy of the sampled answers per tick (score/mean), every logged tick, no "
+                "smoothing. The note's Figure 2 (pair A: dense, method, anchor off) and Figure 10 (pair B).",
+        panels=[Panel("score/mean", "group score", "score (fraction correct)")],
+        expected=("dense", "method", "anchor_off"),
+    )
+
+
+def validation_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    return _lines(
+        runs, colours, out_dir, number=3, slug="val", title="Validation accuracy per read",
+        caption="Held-out accuracy (val/acc) at tick 0 (the base model) and every val_every ticks. "
+                "The note's Figure 3.",
+        panels=[Panel("val/acc", "validation accuracy", "accuracy (fraction)")],
+        expected=("dense", "method"), markers=True,
+    )
+
+
+def mismatch_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    return _lines(
+        runs, colours, out_dir, number=5, slug="mismatch", title="Sampler/trainer mismatch",
+        caption="Left: Pearson correlation of sampler and trainer log-probs on the response tokens. Right: "
+                "mean |p_sampler - p_trainer| at sampled tokens, log scale. The note's Figure 5.",
+        panels=[Panel("mismatch/logprob_corr", "log-prob correlation", "Pearson correlation"),
+                Panel("mismatch/prob_gap", "probability gap (log scale)",
+                      "mean |p_sampler - p_trainer| (probability)", log=True)],
+        expected=("dense", "method"),
+    )
+
+
+def kl_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    return _lines(
+        runs, colours, out_dir, number=6, slug="kl", title="KL to the reference policy per tick",
+        caption="actor/kl_loss per tick, every logged tick, linear scale. The note's Figure 6 (dense, "
+                "method, dropout, prf_mask to tick 150).",
+        panels=[Panel("actor/kl_loss", "KL(pi_theta || pi_ref)", "KL (nats)")],
+        expected=("dense", "method", "dropout", "prf_mask"),
+    )
+
+
+def async_clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    return _lines(
+        runs, colours, out_dir, number=8, slug="async_clip", title="What an asynchronous trainer would clip",
+        caption="Fraction of response tokens whose ratio pi_trainer / pi_sampler leaves [0.8, 1.2] (left) "
+                "and [0.2, 5] (right). The note's Figure 8.",
+        panels=[Panel("mismatch/async_clip_frac_eps0.2", "clip at eps = 0.2", "fraction of tokens"),
+                Panel("mismatch/async_clip_frac_5x", "clip at 5x", "fraction of tokens")],
+        expected=("dense", "method"),
+    )
+
+
+def clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    return _lines(
+        runs, colours, out_dir, number=9, slug="clip", title="PPO clipping inside the update",
+        caption="Left: fraction of tokens at the clip boundary (actor/pg_clipfrac). Right: within-update "
+                "off-policy KL (actor/ppo_kl). The note's Figure 9 (the method's run).",
+        panels=[Panel("actor/pg_clipfrac", "pg_clipfrac", "fraction of tokens"),
+                Panel("actor/ppo_kl", "ppo_kl", "KL (nats)")],
+        expected=("method",),
+    )
+
+
+def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    """Grouped bars: one group per benchmark, one bar per condition (min-max whiskers over seeds)."""
+    number, title = 4, "Accuracy per benchmark"
+    caption = ("eval/BENCHMARK/acc of the evaluated checkpoints (mean@1 greedy, avg@8 sampled), mean over "
+               "seeds. The note's Figure 4 (pair A) and Figure 11 (pair B).")
+    file = file_name(number, "benchmarks", runs.pair)
+    expected = ("dense", "method")
+    scores = eval_scores(runs, "acc")
+    if not scores:
+        return _skipped(runs, file, number, title, caption, "eval/BENCHMARK/acc (kind=eval)", expected)
+    conditions = order_conditions({c for per in scores.values() for c in per})
+    notes = _missing_note(runs, number, "evaluation runs", expected, set(conditions))
+    width_in = min(14.0, max(6.0, 0.25 * len(scores) * len(conditions) + 3))
+    fig = Figure(figsize=(width_in, 4.5), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(scores))
+    width = 0.8 / len(conditions)
+    for i, condition in enumerate(conditions):
+        per = [scores[b].get(condition, []) for b in scores]
+        mean = np.array([np.mean(v) if v else np.nan for v in per])
+        lo = np.array([mean[j] - min(v) if v else 0.0 for j, v in enumerate(per)])
+        hi = np.array([max(v) - mean[j] if v else 0.0 for j, v in enumerate(per)])
+        several = any(len(v) > 1 for v in per)
+        ax.bar(x + (i - (len(conditions) - 1) / 2) * width, mean, width, color=colours[condition],
+               label=condition, yerr=np.vstack([lo, hi]) if several else None, capsize=2)
+    ax.set_xticks(x, [benchmark_label(b) for b in scores], rotation=25, ha="right")
+    ax.set(ylabel="accuracy (fraction)", xlabel="benchmark", ylim=(0, 1.05))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"{title} (pair {runs.pair})")
+    _save(fig, out_dir / file)
+    return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
+
+
+def best_validation_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    """One bar per condition (its codec in the label): its best val/acc, annotated with the tick."""
+    number, title = 7, "Best validation accuracy per codec"
+    caption = "The best val/acc each condition reached and the tick it reached it at. The note's Figure 7."
+    file = file_name(number, "best_val", runs.pair)
+    expected = ("method", "prf_mask")
+    val = cv.curves(runs, "val/acc", order_conditions(runs.conditions()))
+    found = {c: b for c, b in ((c, cv.best(curve)) for c, curve in val.items()) if b is not None}
+    if not found:
+        return _skipped(runs, file, number, title, caption, "val/acc", expected)
+    notes = _missing_note(runs, number, "val/acc", expected, set(found))
+    codec = {r.condition: r.codec for r in runs.train}
+    fig = Figure(figsize=(max(5.0, 1.2 * len(found) + 2), 4.2), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(found))
+    values = [v for _, v in found.values()]
+    bars = ax.bar(x, values, 0.6, color=[colours[c] for c in found])
+    ax.bar_label(bars, [f"{v:.3f}\n@ tick {t}" for t, v in found.values()], fontsize="small")
+    ax.set_xticks(x, [f"{c}\n({codec.get(c) or 'codec ?'})" for c in found])
+    ax.set(ylabel="best validation accuracy (fraction)", xlabel="condition (codec)", ylim=(0, 1.12))
+    ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{title} (pair {runs.pair})")
+    _save(fig, out_dir / file)
+    return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
+
+
+FigureFn = Callable[[PairRuns, dict[str, str], Path], FigureResult]
+FIGURES: tuple[FigureFn, ...] = (
+    score_figure, validation_figure, benchmark_figure, mismatch_figure, kl_figure, best_validation_figure,
+    async_clip_figure, clip_figure,
+)

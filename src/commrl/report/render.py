@@ -1,0 +1,135 @@
+"""``report.md`` (figures by relative path) and a self-contained ``report.html`` (figures inlined, base64)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from commrl.report.claims import Claim
+from commrl.report.figures import FigureResult
+from commrl.report.tables import Cell, Table
+
+CLAIM_COLUMNS = ["#", "claim", "the note", "threshold", "this run", "status"]
+CSS = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+td.PASS { background: #dff3df; font-weight: bold; } td.MISS { background: #f8dcdc; font-weight: bold; }
+td.na { color: #777; }
+figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.9em; color: #444; }
+.note { background: #fff6d6; border-left: 4px solid #e0b400; padding: 0.3em 0.8em; margin: 0.3em 0; }
+"""
+
+
+@dataclass
+class PairSection:
+    pair: str
+    read_at: int | None
+    seeds: dict[str, int]
+    claims: list[Claim]
+    tables: list[Table]
+    figures: list[FigureResult]
+
+
+def format_cell(value: Cell) -> str:
+    """``None`` -> ``n/a``; large integral floats (bytes) with thousands separators; other floats 4 digits."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        if math.isfinite(value) and value.is_integer() and abs(value) >= 1e4:
+            return f"{int(value):,}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _claim_rows(claims: list[Claim]) -> list[list[Cell]]:
+    return [[c.number, c.claim, c.note, c.threshold, c.value, c.status] for c in claims]
+
+
+def _summary(section: PairSection) -> str:
+    counts = {s: sum(c.status == s for c in section.claims) for s in ("PASS", "MISS", "n/a")}
+    runs = ", ".join(f"{c} ({n} seed{'s' if n > 1 else ''})" for c, n in section.seeds.items()) or "none"
+    read = "the last tick (no read_at tag)" if section.read_at is None else f"tick {section.read_at}"
+    return (f"Read at {read}. Training runs: {runs}. Claims: {counts['PASS']} PASS, {counts['MISS']} MISS, "
+            f"{counts['n/a']} n/a.")
+
+
+def _md_table(columns: list[str], rows: list[list[Cell]]) -> str:
+    def cell(v: Cell) -> str:
+        return format_cell(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(title: str, header: list[str], notes: list[str], sections: list[PairSection]) -> str:
+    out = [f"# {title}", "", *(f"- {h}" for h in header), ""]
+    if notes:
+        out += ["## Notes", "", *(f"- {n}" for n in notes), ""]
+    for s in sections:
+        out += [f"## Pair {s.pair}", "", _summary(s), "", "### Claims: the note against this run", "",
+                _md_table(CLAIM_COLUMNS, _claim_rows(s.claims)), "", "### Tables", ""]
+        for t in s.tables:
+            out += [f"#### {t.title}", ""]
+            out += [f"> {t.note}", ""] if t.note else [_md_table(t.columns, t.rows), ""]
+        out += ["### Figures", ""]
+        for f in s.figures:
+            if f.drawn:
+                image = f"![{f.title} (pair {f.pair})]({f.file})"
+                out += [f"#### Figure {f.number}: {f.title}", "", image, "", f"*{f.caption}*", ""]
+            out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _html_table(columns: list[str], rows: list[list[Cell]], status_column: int | None = None) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for row in rows:
+        cells = []
+        for i, v in enumerate(row):
+            text = format_cell(v)
+            cls = ("na" if text == "n/a" else text) if i == status_column or text == "n/a" else ""
+            attr = f' class="{cls}"' if cls else ""
+            cells.append(f"<td{attr}>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _img(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def to_html(
+    title: str, header: list[str], notes: list[str], sections: list[PairSection], figure_dir: Path
+) -> str:
+    """The same document as ``to_markdown``, with every figure read from ``figure_dir`` and inlined."""
+    e = html.escape
+    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style>"
+           f"</head><body><h1>{e(title)}</h1><ul>{''.join(f'<li>{e(h)}</li>' for h in header)}</ul>"]
+    if notes:
+        out.append("<h2>Notes</h2>" + "".join(f'<p class="note">{e(n)}</p>' for n in notes))
+    for s in sections:
+        out.append(f"<h2>Pair {e(s.pair)}</h2><p>{e(_summary(s))}</p>")
+        out.append("<h3>Claims: the note against this run</h3>")
+        out.append(_html_table(CLAIM_COLUMNS, _claim_rows(s.claims), status_column=len(CLAIM_COLUMNS) - 1))
+        out.append("<h3>Tables</h3>")
+        for t in s.tables:
+            out.append(f"<h4>{e(t.title)}</h4>")
+            out.append(f'<p class="note">{e(t.note)}</p>' if t.note else _html_table(t.columns, t.rows))
+        out.append("<h3>Figures</h3>")
+        for f in s.figures:
+            if f.drawn:
+                out.append(f"<figure><h4>Figure {f.number}: {e(f.title)}</h4>"
+                           f"<img src='{_img(figure_dir / f.file)}' alt='{e(f.title)} (pair {e(f.pair)})'>"
+                           f"<figcaption>{e(f.caption)}</figcaption></figure>")
+            out += [f'<p class="note">{e(n)}</p>' for n in f.notes]
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

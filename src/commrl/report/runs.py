@@ -1,0 +1,264 @@
+"""Read the tracked runs of a pair from MLflow (``search_runs`` and ``get_metric_history`` only).
+
+Conventions are those of ``commrl.tracking``: experiment ``commrl/<pair>``; training runs tagged
+``kind=train`` with ``condition``, ``codec``, ``seed``, ``read_at``, ``ticks``; evaluation runs tagged
+``kind=eval`` and ``benchmark``, nested under the training run they evaluate (``mlflow.parentRunId``, or
+``training_run_id``); sweeps are ``kind=sweep`` parents with nested ``kind=trial`` runs.
+
+Rules for what is kept, each reported as a note:
+- a training run that is not FINISHED is kept (its data are real), and flagged;
+- when a (condition, seed) has several training runs, the newest is kept;
+- an evaluation that is not FINISHED is dropped; when a training run has several finished evaluations of
+  one benchmark, the newest is kept;
+- an evaluation whose training run is not in the pair is dropped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from commrl import tracking
+
+REPORT_EXPERIMENT = "commrl/report"
+SWEEP_PARAMS: tuple[str, ...] = ("rank", "alpha", "beta", "cadence")
+
+
+class ReportInputError(ValueError):
+    """Bad input to the report (a pair, a tag, an option): the message names it and the fix."""
+
+TRAIN_METRICS: tuple[str, ...] = (
+    "score/mean",
+    "actor/kl_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "mismatch/logprob_corr",
+    "mismatch/prob_gap",
+    "mismatch/async_clip_frac_eps0.2",
+    "mismatch/async_clip_frac_5x",
+    "comm/bytes_activations",
+    "comm/bytes_weights",
+    "comm/bytes_total",
+    "comm/bytes_cumulative",
+    "comm/ratio_vs_dense",
+    "val/acc",
+    "time/step_s",
+)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric of one run: values by tick, steps ascending and unique (the last value of a step wins)."""
+
+    steps: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def from_points(cls, points: list[tuple[int, float]]) -> Series:
+        by_step = dict(sorted(points, key=lambda p: p[0]))
+        steps = np.array(sorted(by_step), dtype=np.int64)
+        return cls(steps, np.array([by_step[s] for s in steps], dtype=np.float64))
+
+
+@dataclass
+class TrainRun:
+    run_id: str
+    name: str
+    condition: str
+    codec: str
+    seed: str
+    status: str
+    read_at: int | None
+    ticks: int | None
+    metrics: dict[str, Series] = field(default_factory=dict)
+
+
+@dataclass
+class EvalRun:
+    run_id: str
+    training_run_id: str
+    benchmark: str
+    metrics: dict[str, float]
+
+
+@dataclass
+class Trial:
+    run_id: str
+    name: str
+    state: str
+    params: dict[str, str]
+    objective: float | None
+
+
+@dataclass
+class Sweep:
+    run_id: str
+    name: str
+    direction: str
+    trials: list[Trial]
+
+
+@dataclass
+class PairRuns:
+    """Everything the report knows about one pair."""
+
+    pair: str
+    train: list[TrainRun]
+    evals: list[EvalRun]
+    sweeps: list[Sweep]
+    notes: list[str] = field(default_factory=list)
+
+    def conditions(self) -> set[str]:
+        return {r.condition for r in self.train}
+
+    def runs_of(self, condition: str) -> list[TrainRun]:
+        return [r for r in self.train if r.condition == condition]
+
+    def read_at(self) -> int | None:
+        """The tick at which the pair is read: the most common ``read_at`` tag of its training runs."""
+        values = [r.read_at for r in self.train if r.read_at is not None]
+        return Counter(values).most_common(1)[0][0] if values else None
+
+
+def list_pairs(tracking_uri: str | None = None) -> list[str]:
+    """The pairs with an experiment ``commrl/<pair>`` in the store (the report's own excluded)."""
+    client = tracking.client(tracking_uri)
+    names = [e.name for e in client.search_experiments(filter_string="name LIKE 'commrl/%'")]
+    return sorted(n.removeprefix("commrl/") for n in names if n != REPORT_EXPERIMENT)
+
+
+def load_pair(pair: str, tracking_uri: str | None = None) -> PairRuns:
+    """All training, evaluation and sweep runs of ``pair``; ``ReportInputError`` if it has no experiment."""
+    client = tracking.client(tracking_uri)
+    name = tracking.experiment_name(pair)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        known = ", ".join(list_pairs(tracking_uri)) or "none"
+        uri = tracking_uri or tracking.default_tracking_uri()
+        raise ReportInputError(
+            f"pair {pair!r}: no experiment {name!r} in the MLflow store {uri} (pairs there: {known}); "
+            "check --pair and --tracking-uri"
+        )
+    exp_id = experiment.experiment_id
+    notes: list[str] = []
+    train = _load_train(client, exp_id, pair, notes)
+    evals = _load_evals(client, exp_id, pair, {r.run_id for r in train}, notes)
+    sweeps = _load_sweeps(client, exp_id)
+    return PairRuns(pair, train, evals, sweeps, notes)
+
+
+def _search(client, exp_id: str, filter_string: str) -> list:
+    """Every run matching ``filter_string``, newest first, all result pages."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            [exp_id], filter_string=filter_string, order_by=["attributes.start_time DESC"],
+            max_results=1000, page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _int_tag(tags: dict[str, str], key: str, run_name: str) -> int | None:
+    value = tags.get(key)
+    if value in (None, "", "None"):
+        return None
+    try:
+        return int(float(value))
+    except ValueError as err:
+        raise ReportInputError(f"run {run_name!r}: tag {key}={value!r} is not an integer tick") from err
+
+
+def _load_train(client, exp_id: str, pair: str, notes: list[str]) -> list[TrainRun]:
+    seen: set[tuple[str, str]] = set()
+    kept: list[tuple[TrainRun, set[str]]] = []
+    for run in _search(client, exp_id, "tags.kind = 'train'"):
+        tags = run.data.tags
+        name = run.info.run_name or run.info.run_id
+        key = (tags.get("condition", "unknown"), tags.get("seed", "0"))
+        if key in seen:
+            notes.append(f"{pair}: run {name} ({run.info.run_id}) dropped: a newer run of condition {key[0]} "
+                         f"seed {key[1]} exists")
+            continue
+        seen.add(key)
+        if run.info.status != "FINISHED":
+            notes.append(f"{pair}: run {name} is {run.info.status}; its logged ticks are included")
+        train_run = TrainRun(
+            run_id=run.info.run_id, name=name, condition=key[0], codec=tags.get("codec", ""), seed=key[1],
+            status=run.info.status, read_at=_int_tag(tags, "read_at", name),
+            ticks=_int_tag(tags, "ticks", name),
+        )
+        kept.append((train_run, set(run.data.metrics)))
+    for train_run, logged in tqdm(kept, desc=f"metric histories ({pair})", unit="run", leave=False):
+        wanted = [key for key in TRAIN_METRICS if key in logged]
+        train_run.metrics = {key: _history(client, train_run.run_id, key) for key in wanted}
+    return [train_run for train_run, _ in kept]
+
+
+def _history(client, run_id: str, key: str) -> Series:
+    return Series.from_points([(m.step, m.value) for m in client.get_metric_history(run_id, key)])
+
+
+def _load_evals(client, exp_id: str, pair: str, train_ids: set[str], notes: list[str]) -> list[EvalRun]:
+    seen: set[tuple[str, str]] = set()
+    kept = []
+    for run in _search(client, exp_id, "tags.kind = 'eval'"):
+        tags = run.data.tags
+        parent = tags.get("training_run_id") or tags.get("mlflow.parentRunId", "")
+        benchmark = tags.get("benchmark", "")
+        name = run.info.run_name or run.info.run_id
+        if not parent:
+            notes.append(f"{pair}: evaluation {name} dropped: it names no training run (tag training_run_id)")
+            continue
+        if parent not in train_ids:
+            notes.append(f"{pair}: evaluation {name} dropped: its training run {parent} is not a kept "
+                         "training run of this pair (missing, or superseded by a newer run)")
+            continue
+        if run.info.status != "FINISHED":
+            notes.append(f"{pair}: evaluation {name} dropped: it is {run.info.status}")
+            continue
+        if not benchmark:
+            notes.append(f"{pair}: evaluation {name} dropped: no benchmark tag")
+            continue
+        if (parent, benchmark) in seen:
+            continue
+        seen.add((parent, benchmark))
+        prefix = f"eval/{benchmark}/"
+        metrics = {k.removeprefix(prefix): v for k, v in run.data.metrics.items() if k.startswith(prefix)}
+        kept.append(EvalRun(run.info.run_id, parent, benchmark, metrics))
+    return kept
+
+
+def _load_sweeps(client, exp_id: str) -> list[Sweep]:
+    sweeps = []
+    for run in _search(client, exp_id, "tags.kind = 'sweep'"):
+        run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
+        direction = (tags.get("direction") or params.get("direction") or "maximize").lower()
+        read_at = _int_tag(params, "read_at", run.info.run_name or run_id)
+        found = _search(client, exp_id, f"tags.kind = 'trial' and tags.mlflow.parentRunId = '{run_id}'")
+        trials = [_trial(client, t, read_at) for t in found]
+        sweeps.append(Sweep(run_id, run.info.run_name or run_id, direction, trials))
+    return sweeps
+
+
+def _trial(client, run, read_at: int | None) -> Trial:
+    """A trial run: its searched parameters (tags ``optuna.params.<name>``, else the params ``rank``,
+    ``alpha``, ``beta``, ``cadence``) and its objective (metric ``objective``, else ``val/acc`` at the
+    sweep's ``read_at`` param)."""
+    tags, params = run.data.tags, run.data.params
+    prefix = "optuna.params."
+    searched = {k.removeprefix(prefix): v for k, v in tags.items() if k.startswith(prefix)}
+    searched = searched or {k: params[k] for k in SWEEP_PARAMS if k in params}
+    objective = run.data.metrics.get("objective")
+    if objective is None and read_at is not None and "val/acc" in run.data.metrics:
+        at = [m.value for m in client.get_metric_history(run.info.run_id, "val/acc") if m.step == read_at]
+        objective = at[-1] if at else None
+    name = f"trial {tags['optuna.trial']}" if "optuna.trial" in tags else run.info.run_name or run.info.run_id
+    return Trial(run.info.run_id, name, tags.get("optuna.state", run.info.status), searched, objective)

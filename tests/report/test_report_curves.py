@@ -1,0 +1,67 @@
+"""The pure read-outs of the report: seeds combined per tick, value at the read tick, best, common tick."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from commrl.report import curves as cv
+from commrl.report.runs import Series
+from commrl.report.style import condition_colours, order_conditions
+
+
+def series(points: dict[int, float]) -> Series:
+    return Series.from_points(list(points.items()))
+
+
+def test_aggregate_combines_seeds_per_tick_over_the_seeds_that_logged_it():
+    curve = cv.aggregate([series({0: 1.0, 1: 2.0, 2: 3.0}), series({0: 3.0, 1: 4.0})])
+    assert curve.steps.tolist() == [0, 1, 2]
+    assert curve.mean.tolist() == [2.0, 3.0, 3.0]
+    assert curve.lo.tolist() == [1.0, 2.0, 3.0]
+    assert curve.hi.tolist() == [3.0, 4.0, 3.0]
+    assert curve.seeds == 2
+
+
+def test_series_keeps_the_last_value_of_a_repeated_step_and_sorts():
+    s = Series.from_points([(5, 1.0), (0, 2.0), (5, 3.0)])
+    assert s.steps.tolist() == [0, 5]
+    assert s.values.tolist() == [2.0, 3.0]
+
+
+def test_value_at_takes_the_last_tick_not_after_the_read_tick():
+    curve = cv.aggregate([series({0: 0.1, 10: 0.2, 20: 0.3})])
+    assert cv.value_at(curve, 20) == (20, 0.3)
+    assert cv.value_at(curve, 15) == (10, 0.2)
+    assert cv.value_at(curve, None) == (20, 0.3)
+    assert cv.value_at(curve, -1) is None
+    assert cv.exact_at(curve, 15) is None
+    assert cv.exact_at(curve, 10) == 0.2
+
+
+def test_start_mean_best_and_mean_over_ticks():
+    curve = cv.aggregate([series({0: 0.1, 1: 0.2, 2: 0.3, 3: 0.9, 4: float("nan")})])
+    assert cv.start_mean(curve) == pytest.approx(0.2)
+    assert cv.best(curve) == (3, 0.9)
+    assert cv.mean_over_ticks(curve) == pytest.approx(0.375)
+    assert cv.best(cv.aggregate([series({0: float("nan")})])) is None
+    assert math.isnan(cv.mean_over_ticks(cv.aggregate([series({0: float("nan")})])))
+
+
+def test_last_common_tick():
+    a = cv.aggregate([series({0: 0.0, 5: 0.0, 10: 0.0})])
+    b = cv.aggregate([series({0: 0.0, 5: 0.0})])
+    assert cv.last_common_tick(a, b) == 5
+    assert cv.last_common_tick(a, cv.aggregate([series({7: 0.0})])) is None
+
+
+def test_known_conditions_keep_the_notes_colours_and_others_get_distinct_fallbacks():
+    colours = condition_colours(["dense", "method", "anchor_off", "dropout", "prf_mask", "zeta", "alpha"])
+    assert colours["dense"] == "#2ca02c" and colours["method"] == "#1f77b4"
+    assert colours["anchor_off"] == "#d62728"
+    assert colours["dropout"] == "#7f7f7f" and colours["prf_mask"] == "#9467bd"
+    assert len({colours["zeta"], colours["alpha"], colours["dense"], colours["method"]}) == 4
+    assert order_conditions(["zeta", "method", "dense", "alpha"]) == ["dense", "method", "alpha", "zeta"]
+    assert np.all(np.array([len(c) for c in colours.values()]) == 7)
