@@ -1,0 +1,286 @@
+"""The configuration of one local training run, validated before any model loads.
+
+The Hydra tree in ``configs/train/`` composes into a plain mapping; ``TrainConfig.from_dict`` turns it into
+these dataclasses, rejecting unknown keys by name and values out of range with the field, the value and
+the allowed range (``ConfigError``). The method's own knobs go to ``commrl.compression.MethodConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONDITIONS = ("dense", "method", "no_projection", "anchor_off", "prf_mask", "dropout", "method_same_sampler")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range; the message names the field and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "results/models/tiny-base"
+    dtype: str = "float32"
+    attention_dropout: float = 0.0  # trainer-only attention dropout (the `dropout` control)
+
+    def validate(self) -> None:
+        _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
+        _range("model.attention_dropout", self.attention_dropout, 0.0, 1.0, hi_open=True)
+
+
+@dataclass
+class DataConfig:
+    dir: str = "results/data/toy"
+    train_file: str = "train.parquet"
+    val_file: str = "validation.parquet"
+    val_limit: int = 0  # 0 = the whole validation split
+
+    def validate(self) -> None:
+        _range("data.val_limit", self.val_limit, 0, None)
+
+
+@dataclass
+class SamplerConfig:
+    backend: str = "vllm"  # vllm | hf
+    temperature: float = 1.0
+    max_new_tokens: int = 24
+    codec: str = "none"  # none | same: the sampler runs the trainer's activation codec too (the note's fix)
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
+    gpu_memory_utilization: float = 0.5
+
+    def validate(self) -> None:
+        _choice("sampler.backend", self.backend, ("vllm", "hf"))
+        _choice("sampler.codec", self.codec, ("none", "same"))
+        _range("sampler.temperature", self.temperature, 0.0, None, lo_open=True)
+        _range("sampler.max_new_tokens", self.max_new_tokens, 1, None)
+        _range("sampler.kv_cache_gib", self.kv_cache_gib, 1, None)
+
+
+@dataclass
+class RLConfig:
+    ticks: int = 60
+    prompts_per_tick: int = 16
+    group_size: int = 8  # n responses per prompt
+    mini_batches: int = 2  # optimizer steps per fast tick (GRPO mini-batches)
+    micro_batch_size: int = 64  # sequences per forward/backward
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.001
+    kl_type: str = "low_var_kl"
+    loss_agg_mode: str = "token-mean"
+    norm_adv_by_std: bool = True
+    val_every: int = 10
+    read_at: int = 60
+
+    def validate(self) -> None:
+        _range("rl.ticks", self.ticks, 1, None)
+        _range("rl.prompts_per_tick", self.prompts_per_tick, 1, None)
+        _range("rl.group_size", self.group_size, 2, None)
+        _range("rl.mini_batches", self.mini_batches, 1, None)
+        if self.prompts_per_tick % self.mini_batches:
+            raise ConfigError(
+                f"rl.prompts_per_tick={self.prompts_per_tick} is not divisible by rl.mini_batches="
+                f"{self.mini_batches}; each mini-batch takes whole groups"
+            )
+        _range("rl.micro_batch_size", self.micro_batch_size, 1, None)
+        _range("rl.lr", self.lr, 0.0, None, lo_open=True)
+        _range("rl.weight_decay", self.weight_decay, 0.0, None)
+        _range("rl.grad_clip", self.grad_clip, 0.0, None, lo_open=True)
+        _range("rl.clip_ratio", self.clip_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
+        _range("rl.kl_coef", self.kl_coef, 0.0, None)
+        _choice("rl.kl_type", self.kl_type, ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs"))
+        _choice(
+            "rl.loss_agg_mode",
+            self.loss_agg_mode,
+            ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+        )
+        _range("rl.val_every", self.val_every, 1, None)
+        _range("rl.read_at", self.read_at, 1, self.ticks)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 10  # ticks between checkpoints (metrics reach MLflow at each checkpoint)
+    keep: int = 2
+
+    def validate(self) -> None:
+        _range("checkpoint.every", self.every, 1, None)
+        _range("checkpoint.keep", self.keep, 1, None)
+
+
+@dataclass
+class HealthConfig:
+    """Collapse early warning (``health/alarm``): thresholds over a trailing window of ticks."""
+
+    window: int = 10
+    kl_slope: float = 0.5  # nats per tick of actor/kl_loss (least-squares slope over the window)
+    clipfrac_accel: float = 0.01  # second difference of actor/pg_clipfrac, window mean
+    corr_drop: float = 0.5  # drop of mismatch/logprob_corr from its first-window mean
+    stop_on_alarm: bool = False
+
+    def validate(self) -> None:
+        _range("health.window", self.window, 3, None)
+
+
+@dataclass
+class TrackingConfig:
+    uri: str = ""  # empty: $MLFLOW_TRACKING_URI or results/mlflow.db
+    enabled: bool = True
+
+
+@dataclass
+class TrainConfig:
+    pair: str = "tiny"
+    condition: str = "method"
+    seed: int = 0
+    out_dir: str = "results/runs/tiny/method/seed0"
+    threads: int = 0  # torch intra-op threads; 0 = leave as is
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    method: dict[str, Any] = field(default_factory=dict)  # -> commrl.compression.MethodConfig
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> TrainConfig:
+        """Build and validate; unknown keys and bad values raise ``ConfigError`` naming the field."""
+        cfg = _build(cls, raw, "")
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if not self.pair:
+            raise ConfigError("pair is empty; set pair=<name> (e.g. pair=tiny)")
+        _choice("condition", self.condition, CONDITIONS)
+        for part in (self.model, self.data, self.sampler, self.rl, self.checkpoint, self.health):
+            part.validate()
+        self.method_config()
+
+    def method_config(self, hidden_size: int | None = None):
+        """The validated ``MethodConfig`` of this run (``hidden_size`` checks rank < hidden)."""
+        from commrl.compression import MethodConfig
+        from commrl.compression.config import ConfigError as MethodConfigError
+
+        try:
+            mc = MethodConfig.from_dict({"seed": self.seed, **self.method})
+            mc.validate(hidden_size)
+        except MethodConfigError as err:
+            raise ConfigError(f"method.{err}") from err
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"method: {err}") from err
+        return mc
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def out_path(self) -> Path:
+        return Path(self.out_dir)
+
+
+def _build(cls, raw: Mapping[str, Any], prefix: str):
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; allowed under "
+            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(sorted(fields))}"
+        )
+    kwargs = {}
+    for name, value in raw.items():
+        f = fields[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _build(type(default), value, f"{prefix}{name}.")
+        elif isinstance(default, dict):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{prefix}{name} must be a mapping")
+            kwargs[name] = dict(value)
+        else:
+            kwargs[name] = _coerce(f"{prefix}{name}", value, default)
+    return cls(**kwargs)
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r} must be true or false")
+        return value
+    if isinstance(default, int) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}={value!r} must be an integer")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name}={value!r} must be a number")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}={value!r} must be a string")
+        return value
+    if isinstance(default, tuple):
+        if not isinstance(value, Sequence) or len(value) != len(default):
+            raise ConfigError(f"{name}={value!r} must be a list of {len(default)} numbers")
+        return tuple(float(v) for v in value)
+    return value
+
+
+def _range(name: str, value: float, lo: float | None, hi: float | None, lo_open=False, hi_open=False) -> None:
+    bad = (lo is not None and (value < lo or (lo_open and value == lo))) or (
+        hi is not None and (value > hi or (hi_open and value == hi))
+    )
+    if bad:
+        lo_s = "-inf" if lo is None else str(lo)
+        hi_s = "inf" if hi is None else str(hi)
+        interval = f"{'(' if lo_open or lo is None else '['}{lo_s}, {hi_s}{')' if hi_open or hi is None else ']'}"
+        raise ConfigError(f"{name}={value!r} is out of range; allowed: {interval}")
+
+
+def _choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+
+
+def default_config_dir() -> Path:
+    """``$COMMRL_TRAIN_CONFIGS``, else ``configs/train`` under the working directory or the repository."""
+    env = os.environ.get("COMMRL_TRAIN_CONFIGS")
+    if env:
+        return Path(env).resolve()
+    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
+        candidate = root / "configs" / "train"
+        if candidate.is_dir():
+            return candidate.resolve()
+    raise ConfigError("cannot find configs/train; run from the repository root or set COMMRL_TRAIN_CONFIGS")
+
+
+def compose_train_config(overrides: Sequence[str] = (), config_dir: Path | None = None) -> dict[str, Any]:
+    """Compose ``configs/train/config.yaml`` with Hydra overrides into a plain resolved mapping."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    directory = (config_dir or default_config_dir()).resolve()
+    try:
+        with initialize_config_dir(config_dir=str(directory), version_base="1.3", job_name="commrl_train"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        return OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"cannot compose the training config from {directory}: {err}") from err
+
+
+def load_train_config(overrides: Sequence[str] = (), config_dir: Path | None = None) -> TrainConfig:
+    """Compose and validate the configuration of one run."""
+    return TrainConfig.from_dict(compose_train_config(overrides, config_dir))

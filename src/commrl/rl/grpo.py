@@ -1,0 +1,104 @@
+"""GRPO through verl's own functions (``verl.trainer.ppo.core_algos``), as the cluster trainer computes it.
+
+- advantage: ``compute_grpo_outcome_advantage`` ((score - mean_group) / (std_group + eps), method.md §1.3);
+- loss: the clipped policy loss from verl's registry (``get_policy_loss_fn("vanilla")``) plus
+  ``kl_coef * agg_loss(kl_penalty(log_pi, log_pi_ref, kl_type))`` (method.md §1.4), aggregated with verl's
+  ``agg_loss`` over the whole mini-batch (``global_batch_info``), so micro-batch gradients sum to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from commrl.rl.config import RLConfig
+
+
+def actor_config(rl: RLConfig, mini_batch_sequences: int):
+    """verl's ``ActorConfig`` carrying the clip ratios and aggregation mode its loss functions read."""
+    from verl.workers.config.actor import ActorConfig
+
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=rl.group_size,
+        ppo_mini_batch_size=max(1, mini_batch_sequences // rl.group_size),
+        ppo_micro_batch_size_per_gpu=rl.micro_batch_size,
+        clip_ratio=rl.clip_ratio,
+        clip_ratio_low=rl.clip_ratio,
+        clip_ratio_high=rl.clip_ratio,
+        loss_agg_mode=rl.loss_agg_mode,
+        use_kl_loss=rl.kl_coef > 0,
+        kl_loss_coef=rl.kl_coef,
+        kl_loss_type=rl.kl_type,
+        entropy_coeff=0.0,
+        use_torch_compile=False,
+    )
+
+
+def grpo_advantages(
+    scores: torch.Tensor, response_mask: torch.Tensor, uids: np.ndarray, norm_by_std: bool = True
+) -> torch.Tensor:
+    """Outcome advantages ``[B, R]`` from one verifiable score per sequence (verl's GRPO estimator)."""
+    from verl.trainer.ppo import core_algos
+
+    token_rewards = torch.zeros_like(response_mask)
+    last = (response_mask.sum(-1).long() - 1).clamp(min=0)
+    token_rewards[torch.arange(len(scores)), last] = scores.float()
+    advantages, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=token_rewards,
+        response_mask=response_mask,
+        index=uids,
+        norm_adv_by_std_in_grpo=norm_by_std,
+    )
+    return advantages
+
+
+def set_global_batch(actor_cfg, response_mask: torch.Tensor) -> None:
+    """Aggregate every micro-batch's loss over the whole mini-batch (``response_mask`` of the mini-batch)."""
+    actor_cfg.global_batch_info.update(
+        dp_size=1,
+        batch_num_tokens=int(response_mask.sum().item()),
+        global_batch_size=int(response_mask.shape[0]),
+        loss_scale_factor=None,
+    )
+
+
+def grpo_loss(
+    actor_cfg,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor | None,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``pg_loss + kl_coef * kl_loss`` for one micro-batch, and verl's metric names."""
+    from verl.trainer.ppo import core_algos
+
+    mask = response_mask.bool()
+    policy_loss_fn = core_algos.get_policy_loss_fn(actor_cfg.policy_loss.get("loss_mode", "vanilla"))
+    pg_loss, pg_metrics = policy_loss_fn(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=mask,
+        loss_agg_mode=actor_cfg.loss_agg_mode,
+        config=actor_cfg,
+    )
+    metrics = {k: float(v) for k, v in pg_metrics.items()}
+    metrics["actor/pg_loss"] = float(pg_loss.detach())
+    loss = pg_loss
+    if actor_cfg.use_kl_loss and ref_log_prob is not None:
+        kl = kl_value(actor_cfg, log_prob, ref_log_prob, mask)
+        loss = loss + actor_cfg.kl_loss_coef * kl
+        metrics["actor/kl_loss_minibatch"] = float(kl.detach())
+    return loss, metrics
+
+
+def kl_value(actor_cfg, log_prob, ref_log_prob, mask) -> torch.Tensor:
+    """``agg_loss(kl_penalty(log_pi, log_pi_ref))`` with the configured estimator (low_var_kl = k3)."""
+    from verl.trainer.ppo import core_algos
+
+    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=actor_cfg.kl_loss_type)
+    return core_algos.agg_loss(
+        loss_mat=kld, loss_mask=mask, loss_agg_mode=actor_cfg.loss_agg_mode, **actor_cfg.global_batch_info
+    )

