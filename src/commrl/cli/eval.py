@@ -1,0 +1,85 @@
+"""``commrl eval``: evaluate one checkpoint on one benchmark with lm-eval and record it in MLflow.
+
+``commrl eval --checkpoint results/runs/P/C/seedK/final --benchmark B --out results/eval/P/C/seedK/B.json
+[--backend hf|vllm] [--summary results/runs/P/C/seedK/summary.json | --run-id ID] [--pair P] [--data PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from commrl.eval.benchmarks import BENCHMARKS
+from commrl.eval.errors import EvalError
+from commrl.eval.runner import BACKENDS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--checkpoint", required=True, help="HF model directory (a training run's final/)")
+    add("--benchmark", required=True, choices=list(BENCHMARKS), metavar="NAME", help=", ".join(BENCHMARKS))
+    add("--backend", choices=BACKENDS, default="hf", help="lm-eval model backend (default hf)")
+    add("--out", default=None, help="summary JSON, written last; the results and samples go beside it")
+    parent = parser.add_mutually_exclusive_group()
+    parent.add_argument("--run-id", default=None, help="MLflow id of the training run to nest under")
+    parent.add_argument("--summary", default=None, help="a training run's summary.json (its mlflow_run_id)")
+    add("--pair", default=None, help="settings of this pair (default: the run's pair tag, else tiny)")
+    add("--limit", type=int, default=None, help="evaluate the first N problems only")
+    add("--max-gen-toks", type=int, default=None, help="response budget (default: the pair's)")
+    add("--data", default=None, help="problems file (jsonl, json, parquet: problem, answer); default: hub")
+    add("--prompt-template", default=None, help="user message with {problem} (default: the data's prompt)")
+    add("--system-prompt", default=None, help="system message (default: the pair's: none)")
+    add("--config", default=None, help="YAML of eval settings (max_gen_toks, max_model_len, dtype, ...)")
+    add("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or results/mlflow.db")
+
+
+def training_run_id(summary: str | Path) -> str | None:
+    """The ``mlflow_run_id`` of a training run's ``summary.json`` (None when the run was not tracked)."""
+    path = Path(summary)
+    if not path.is_file():
+        raise EvalError(f"--summary {path} does not exist; train the run first or pass --run-id")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise EvalError(f"--summary {path} is not JSON ({err.msg}); pass --run-id instead") from err
+    if not isinstance(data, dict) or "mlflow_run_id" not in data:
+        raise EvalError(f"--summary {path} has no mlflow_run_id key; pass --run-id instead")
+    return data["mlflow_run_id"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from commrl.eval import USER_ERRORS, evaluate_checkpoint
+
+    try:
+        run_id = args.run_id or (training_run_id(args.summary) if args.summary else None)
+        if args.summary and run_id is None:
+            print(
+                f"commrl eval: {args.summary} records no MLflow run; the evaluation run is not nested",
+                file=sys.stderr,
+            )
+        summary = evaluate_checkpoint(
+            args.checkpoint,
+            args.benchmark,
+            backend=args.backend,
+            out=args.out,
+            pair=args.pair,
+            run_id=run_id,
+            limit=args.limit,
+            max_gen_toks=args.max_gen_toks,
+            data=args.data,
+            prompt_template=args.prompt_template,
+            config=args.config,
+            settings_overrides={"system_prompt": args.system_prompt},
+            tracking_uri=args.tracking_uri,
+        )
+    except USER_ERRORS as err:
+        print(f"commrl eval: error: {err}", file=sys.stderr)
+        return 2
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in summary["metrics"].items() if not k.endswith("_stderr"))
+    print(
+        f"{summary['benchmark']} on {summary['checkpoint']}: {metrics} ({summary['n_docs']} problems)"
+        + (f" -> {args.out}" if args.out else "")
+    )
+    return 0

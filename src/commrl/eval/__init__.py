@@ -1,0 +1,36 @@
+"""Evaluation with lm-eval: the benchmark registry, generated task YAMLs, the runner and MLflow logging.
+
+``evaluate_checkpoint(checkpoint, benchmark, backend="hf", out=None, ...)`` is what ``commrl eval`` calls.
+"""
+
+from commrl.eval.benchmarks import BENCHMARKS, Benchmark, HubSource, get_benchmark
+from commrl.eval.errors import (
+    USER_ERRORS,
+    BenchmarkError,
+    DatasetFormatError,
+    DatasetUnavailableError,
+    EvalError,
+    PairConfigError,
+    TrainingRunError,
+)
+from commrl.eval.pairs import PAIRS, PairSettings, pair_settings
+from commrl.eval.runner import BACKENDS, evaluate_checkpoint
+
+__all__ = [
+    "BACKENDS",
+    "BENCHMARKS",
+    "PAIRS",
+    "USER_ERRORS",
+    "Benchmark",
+    "BenchmarkError",
+    "DatasetFormatError",
+    "DatasetUnavailableError",
+    "EvalError",
+    "HubSource",
+    "PairConfigError",
+    "PairSettings",
+    "TrainingRunError",
+    "evaluate_checkpoint",
+    "get_benchmark",
+    "pair_settings",
+]

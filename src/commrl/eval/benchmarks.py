@@ -1,0 +1,149 @@
+"""The benchmark registry: the single source of truth for what ``commrl eval --benchmark NAME`` runs.
+
+Each entry names the lm-eval task (the same string is the MLflow benchmark name), where its problems come
+from (a hub id, or a local jsonl written by ``commrl prepare``), how it is scored and its generation
+settings. Task YAMLs are generated from these entries at run time (``commrl.eval.lmeval_task``), so data
+paths and response budgets live in one place.
+
+Kinds (method.md §5: "greedy, mean@1" and "temperature 0.7, avg@8"):
+
+- ``greedy``: one greedy response per problem, mean@1 = the fraction verified.
+- ``avg@k``: ``k`` responses at temperature 0.7; avg@k = the mean over problems of the fraction of the
+  ``k`` responses verified, pass@k = the fraction of problems with at least one verified response.
+- ``mc``: log-likelihood multiple choice (the letter of the right option), accuracy.
+
+Custom task names carry a prefix (``commrl_``, ``toy_``): a task in lm-eval's include path with a
+built-in's name would replace the built-in silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from commrl.data.schema import QWEN_MATH_TEMPLATE
+from commrl.data.toy import TOY_TEMPLATE
+from commrl.eval.errors import BenchmarkError
+
+GREEDY, AVG_K, MC = "greedy", "avg@k", "mc"
+KINDS = (GREEDY, AVG_K, MC)
+SAMPLED_TEMPERATURE = 0.7
+STOP_STRINGS = ("<|im_end|>", "<|endoftext|>")  # lm-eval adds the tokenizer's own EOS to these
+OLYMPIAD_CONFIG = "OE_TO_maths_en_COMP"  # open-ended, text-only, maths, English, competition
+MATH_SCORING = "math-verify on the last \\boxed{} (commrl.rl.reward.boxed_reward)"
+MC_SCORING = "loglikelihood multiple choice"
+MMLU_STEM_SUBJECTS = (
+    "abstract_algebra", "anatomy", "astronomy", "college_biology", "college_chemistry",
+    "college_computer_science", "college_mathematics", "college_physics", "computer_security",
+    "conceptual_physics", "electrical_engineering", "elementary_mathematics", "high_school_biology",
+    "high_school_chemistry", "high_school_computer_science", "high_school_mathematics", "high_school_physics",
+    "high_school_statistics", "machine_learning",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """A dataset on the Hugging Face hub: ``load_dataset(path, name, split=split)``."""
+
+    path: str
+    name: str | None = None
+    split: str = "test"
+
+    def describe(self) -> str:
+        config = f", config {self.name!r}" if self.name else ""
+        return f"hub dataset {self.path!r}{config}, split {self.split!r}"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark: lm-eval task name, data source, scoring kind and default generation settings.
+
+    ``hub`` is the default source (None: a local jsonl must be given with ``--data``). ``builtin`` marks
+    an lm-eval built-in task or group that is run as lm-eval ships it (its datasets are in ``hub_configs``).
+    ``prompt_template`` renders a problem as the user message when the data has no ``prompt`` column
+    (multiple-choice prompts are built from the options instead).
+    """
+
+    name: str
+    kind: str
+    hub: HubSource | None = None
+    k: int = 1
+    temperature: float = 0.0
+    prompt_template: str = QWEN_MATH_TEMPLATE
+    builtin: bool = False
+    hub_configs: tuple[HubSource, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise BenchmarkError(f"{self.name}: kind={self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.kind == AVG_K and (self.k < 2 or self.temperature <= 0):
+            raise BenchmarkError(f"benchmark {self.name}: avg@k needs k >= 2 and temperature > 0")
+        if self.kind != AVG_K and (self.k != 1 or self.temperature != 0):
+            raise BenchmarkError(f"benchmark {self.name}: kind {self.kind} is one greedy pass (k=1, T=0)")
+
+    @property
+    def scoring(self) -> str:
+        """How a response is scored, in words (logged as the ``scoring`` param)."""
+        return MC_SCORING if self.kind == MC else MATH_SCORING
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics the task reports (lm-eval names): ``acc``, plus ``pass@k`` for avg@k."""
+        return ("acc", f"pass@{self.k}") if self.kind == AVG_K else ("acc",)
+
+    def generation_kwargs(self, max_gen_toks: int) -> dict[str, Any] | None:
+        """lm-eval ``generation_kwargs`` for a response budget of ``max_gen_toks`` (None for ``mc``).
+
+        Never a ``seed``: a per-request seed makes the ``k`` samples of avg@k identical.
+        """
+        if self.kind == MC:
+            return None
+        if max_gen_toks < 1:
+            raise BenchmarkError(f"max_gen_toks={max_gen_toks} must be >= 1 (the pair's response budget)")
+        sampled = self.kind == AVG_K
+        return {
+            "until": list(STOP_STRINGS),
+            "do_sample": sampled,
+            "temperature": self.temperature,
+            **({"top_p": 1.0} if sampled else {}),
+            "max_gen_toks": int(max_gen_toks),
+        }
+
+
+def _hub(path: str, split: str, name: str | None = None) -> HubSource:
+    return HubSource(path=path, name=name, split=split)
+
+
+def _avg8(name: str, hub: HubSource | None, **kwargs: Any) -> Benchmark:
+    return Benchmark(name, AVG_K, hub, k=8, temperature=SAMPLED_TEMPERATURE, **kwargs)
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in (
+        Benchmark("commrl_math500", GREEDY, _hub("HuggingFaceH4/MATH-500", "test")),
+        Benchmark("commrl_minerva", GREEDY, _hub("math-ai/minervamath", "test")),
+        Benchmark("commrl_olympiadbench", GREEDY, _hub("Hothan/OlympiadBench", "train", OLYMPIAD_CONFIG)),
+        _avg8("commrl_amc23", _hub("math-ai/amc23", "test")),
+        _avg8("commrl_aime24", _hub("Maxwell-Jia/AIME_2024", "train")),
+        _avg8("commrl_aime25", _hub("math-ai/aime25", "test")),
+        _avg8("commrl_aime26", _hub("MathArena/aime_2026", "train")),
+        Benchmark(
+            "mmlu_stem",
+            MC,
+            builtin=True,
+            hub_configs=tuple(_hub("cais/mmlu", "test", subject) for subject in MMLU_STEM_SUBJECTS),
+        ),
+        Benchmark("toy_greedy", GREEDY, prompt_template=TOY_TEMPLATE),
+        _avg8("toy_avg8", None, prompt_template=TOY_TEMPLATE),
+        Benchmark("toy_mc", MC),
+    )
+}
+
+
+def get_benchmark(name: str) -> Benchmark:
+    """The registered benchmark ``name``; an unknown name raises ``BenchmarkError`` listing the known ones."""
+    try:
+        return BENCHMARKS[name]
+    except KeyError:
+        raise BenchmarkError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}") from None

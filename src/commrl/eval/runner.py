@@ -1,0 +1,348 @@
+"""Evaluate one checkpoint on one benchmark through lm-eval's Python API, then record the result.
+
+Order of work, so that a failure costs little and a killed evaluation leaves no ``out`` file:
+
+1. resolve the benchmark, the pair's settings and the training run to nest under (if any);
+2. read the benchmark's problems (a missing dataset fails here, before any model loads) and write the
+   generated task (``<out stem>.task/``);
+3. run ``lm_eval.simple_evaluate`` (hf or vLLM backend, the pair's chat template and system prompt);
+4. write the full lm-eval results (``<out stem>.results.json``) and the per-sample log
+   (``<out stem>.samples.jsonl``), log the MLflow run, and write the compact summary to ``out`` last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from commrl import tracking
+from commrl.eval import mlflow_log
+from commrl.eval.atomic import write_lines_atomic, write_text_atomic
+from commrl.eval.benchmarks import MC, Benchmark, get_benchmark
+from commrl.eval.errors import EvalError, TrainingRunError
+from commrl.eval.lmeval_task import write_task_dir
+from commrl.eval.pairs import PairSettings, pair_settings
+from commrl.eval.problems import build_docs, check_hub_sources, load_rows
+
+if TYPE_CHECKING:
+    from lm_eval.api.model import LM
+    from lm_eval.tasks import TaskManager
+    from mlflow.entities import Run
+
+BACKENDS = ("hf", "vllm")
+DEFAULT_PAIR = "tiny"
+SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234, "fewshot_random_seed": 1234}
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputPaths:
+    """Where one evaluation writes: the summary (``out``) and, beside it, the results, samples and task."""
+
+    summary: Path | None
+    results: Path
+    samples: Path
+    task_dir: Path
+
+    @classmethod
+    def beside(cls, out: str | Path | None, scratch: Path, benchmark: str) -> OutputPaths:
+        base = Path(out).resolve() if out is not None else scratch / f"{benchmark}.json"
+        stem = base.with_suffix("")
+        return cls(
+            summary=base if out is not None else None,
+            results=stem.with_name(f"{stem.name}.results.json"),
+            samples=stem.with_name(f"{stem.name}.samples.jsonl"),
+            task_dir=stem.with_name(f"{stem.name}.task"),
+        )
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    benchmark: str,
+    backend: str = "hf",
+    out: str | Path | None = None,
+    *,
+    pair: str | None = None,
+    run_id: str | None = None,
+    limit: int | None = None,
+    max_gen_toks: int | None = None,
+    data: str | Path | None = None,
+    prompt_template: str | None = None,
+    config: str | Path | None = None,
+    settings_overrides: dict[str, Any] | None = None,
+    tracking_uri: str | None = None,
+    log_to_mlflow: bool = True,
+    lm: LM | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` (an HF model directory) on ``benchmark``; the summary dict (also at ``out``).
+
+    ``pair`` selects the evaluation settings (``commrl.eval.pairs``; default: the training run's ``pair``
+    tag, else ``tiny``); the keys of YAML file ``config``, then ``settings_overrides``, then
+    ``max_gen_toks`` (the response budget) override them. ``run_id`` is the training run to nest the MLflow
+    run under. ``data`` is a local problems file (else the benchmark's hub dataset); ``prompt_template``
+    (with ``{problem}``) replaces the data's ``prompt`` column. ``lm`` is an ``lm_eval.api.model.LM``
+    instance to evaluate instead of loading ``checkpoint`` with ``backend``.
+    """
+    bench = get_benchmark(benchmark)
+    if lm is None and backend not in BACKENDS:
+        raise EvalError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    ckpt = Path(checkpoint).resolve()
+    if lm is None and not (ckpt / "config.json").is_file():
+        raise EvalError(f"checkpoint {ckpt} is not a model directory (no config.json); pass a run's final/")
+    if limit is not None and limit < 1:
+        raise EvalError(f"limit={limit} must be >= 1 (problems per task)")
+    uri = tracking_uri or tracking.default_tracking_uri()
+    parent = mlflow_log.training_run(run_id, uri) if (run_id and log_to_mlflow) else None
+    pair = _resolve_pair(pair, parent)
+    settings = pair_settings(pair, config, **{**(settings_overrides or {}), "max_gen_toks": max_gen_toks})
+
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="commrl-eval-") as scratch:
+        paths = OutputPaths.beside(out, Path(scratch), bench.name)
+        task_manager, source, prompt = _prepare_task(bench, data, prompt_template, settings, paths.task_dir)
+        model, model_args = _model(lm, backend, ckpt, settings)
+        results, samples = _run_lm_eval(model, model_args, bench, task_manager, settings, limit, backend)
+
+        metrics = extract_metrics(results, bench.name)
+        write_text_atomic(paths.results, json.dumps(results, indent=2, default=_jsonable, ensure_ascii=False))
+        write_lines_atomic(paths.samples, _sample_lines(samples))
+        backend_name = backend if lm is None else f"custom:{type(lm).__name__}"
+        summary: dict[str, Any] = {
+            "benchmark": bench.name,
+            "kind": bench.kind,
+            "scoring": bench.scoring,
+            "metrics": {tracking.metric_key(k): v for k, v in metrics.items()},
+            "n_docs": effective_docs(results, bench.name),
+            "samples_per_problem": bench.k,
+            "limit": limit,
+            "checkpoint": str(ckpt),
+            "backend": backend_name,
+            "pair": pair,
+            "max_gen_toks": settings.max_gen_toks if bench.kind != MC else None,
+            "data_source": source,
+            "results_path": str(paths.results) if out is not None else None,
+            "samples_path": str(paths.samples) if out is not None else None,
+            "task_dir": str(paths.task_dir) if (out is not None and not bench.builtin) else None,
+            "training_run_id": parent.info.run_id if parent is not None else run_id,
+            "mlflow_run_id": None,
+            "tracking_uri": uri if log_to_mlflow else None,
+            "lm_eval_version": importlib.metadata.version("lm_eval"),
+            "seconds": round(time.time() - start, 2),
+        }
+        if log_to_mlflow:
+            artifacts = [paths.results, paths.samples] + ([] if bench.builtin else [paths.task_dir])
+            mlflow_log.log_evaluation(
+                benchmark=bench.name,
+                pair=pair,
+                checkpoint=str(ckpt),
+                backend=backend_name,
+                metrics=metrics,
+                params=run_params(bench, settings, model_args, results, backend_name, source, prompt, limit),
+                summary=summary,
+                artifacts=artifacts,
+                tracking_uri=uri,
+                parent=parent,
+            )
+        if paths.summary is not None:
+            write_text_atomic(paths.summary, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    return summary
+
+
+def _resolve_pair(pair: str | None, parent: Run | None) -> str:
+    parent_pair = parent.data.tags.get("pair") if parent is not None else None
+    if pair and parent_pair and pair != parent_pair:
+        raise TrainingRunError(
+            f"--pair {pair} does not match the training run's pair tag {parent_pair!r} "
+            f"(run {parent.info.run_id}); drop --pair or fix --run-id"
+        )
+    return pair or parent_pair or DEFAULT_PAIR
+
+
+def _prepare_task(
+    bench: Benchmark,
+    data: str | Path | None,
+    prompt_template: str | None,
+    settings: PairSettings,
+    task_dir: Path,
+) -> tuple[TaskManager, str, str]:
+    """Read the problems (failing early on a missing dataset) and build the lm-eval ``TaskManager``.
+
+    Returns the task manager, the data source and how the prompt was made, in words.
+    """
+    if bench.builtin:
+        if data is not None:
+            raise EvalError(
+                f"{bench.name} is lm-eval's built-in task; it reads {bench.hub_configs[0].path} only "
+                "(pre-cache it), --data does not apply"
+            )
+        check_hub_sources(bench.hub_configs, bench.name)
+        source = ", ".join(sorted({s.path for s in bench.hub_configs}))
+        prompt = "lm-eval built-in prompt"
+    else:
+        rows, source = load_rows(bench, data)
+        docs = build_docs(bench, rows, source, prompt_template)
+        write_task_dir(bench, docs, settings.max_gen_toks, task_dir)
+        if bench.kind == MC:
+            prompt = "multiple choice (commrl.eval.problems.multiple_choice_doc)"
+        elif prompt_template is None and "prompt" in rows[0]:
+            prompt = "the data's prompt column"
+        else:
+            prompt = prompt_template or bench.prompt_template
+    from lm_eval.tasks import TaskManager
+
+    if bench.builtin:
+        return TaskManager(), source, prompt  # indexes lm-eval's built-in tasks (~13 s)
+    return TaskManager(include_path=str(task_dir), include_defaults=False), source, prompt
+
+
+def backend_model_args(backend: str, checkpoint: Path, settings: PairSettings) -> dict[str, Any]:
+    """lm-eval ``model_args`` of ``backend`` for ``checkpoint`` under the pair's settings."""
+    if backend == "hf":
+        return {"pretrained": str(checkpoint), "dtype": settings.dtype, "max_length": settings.max_model_len}
+    return {
+        "pretrained": str(checkpoint),
+        "dtype": settings.dtype,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "data_parallel_size": settings.data_parallel_size,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "max_model_len": settings.max_model_len,
+        "enforce_eager": settings.enforce_eager,
+        "seed": settings.seed,
+    }
+
+
+def _model(lm: LM | None, backend: str, checkpoint: Path, settings: PairSettings) -> tuple[LM | str, dict]:
+    if lm is not None:
+        return lm, {}
+    if backend == "vllm":
+        from commrl.eval.vllm_backend import prepare_vllm
+
+        prepare_vllm()
+    return backend, backend_model_args(backend, checkpoint, settings)
+
+
+def _run_lm_eval(
+    model: LM | str,
+    args: dict[str, Any],
+    bench: Benchmark,
+    task_manager: TaskManager,
+    settings: PairSettings,
+    limit: int | None,
+    backend: str,
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """``simple_evaluate`` with the chat template and the pair's system prompt; (results, samples)."""
+    import lm_eval
+    import torch
+    from lm_eval.loggers import EvaluationTracker
+
+    tracker = EvaluationTracker()
+    results = lm_eval.simple_evaluate(
+        model=model,
+        model_args=args or None,
+        tasks=[bench.name],
+        task_manager=task_manager,
+        batch_size=settings.batch_size if backend == "hf" else "auto",
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        limit=limit,
+        log_samples=True,
+        evaluation_tracker=tracker,
+        system_instruction=settings.system_prompt,
+        apply_chat_template=True,
+        **SEEDS,
+    )
+    if results is None:
+        raise EvalError("lm-eval returned no results on this rank; run the evaluation as a single process")
+    samples = results.pop("samples")
+    config = tracker.general_config_tracker
+    config.log_end_time()
+    results["task_hashes"] = {
+        task: _hash("".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"] for s in task_samples))
+        for task, task_samples in samples.items()
+    }
+    results.update(dataclasses.asdict(config))
+    return results, samples
+
+
+def _hash(text: str) -> str:
+    from lm_eval.utils import hash_string
+
+    return hash_string(text)
+
+
+def extract_metrics(results: dict[str, Any], task: str) -> dict[str, float]:
+    """The numeric metrics of ``task`` (a task or a group), keyed by lm-eval metric name without the filter.
+
+    ``{"acc,avg@8": 0.5, "pass@8,avg@8": 1.0, "acc_stderr,avg@8": 0.1}`` -> ``{"acc": 0.5, "pass@8": 1.0,
+    "acc_stderr": 0.1}``; non-numeric entries (``"N/A"`` stderr, ``alias``) are left out.
+    """
+    entry = results["results"].get(task) or results.get("groups", {}).get(task)
+    if entry is None:
+        raise EvalError(f"lm-eval returned no results for {task}; got {', '.join(results['results'])}")
+    metrics = {}
+    for key, value in entry.items():
+        if "," in key and isinstance(value, int | float) and not isinstance(value, bool):
+            metrics[key.split(",", 1)[0]] = float(value)
+    if "acc" not in metrics:
+        raise EvalError(f"lm-eval returned no acc for {task}: {entry}")
+    return metrics
+
+
+def effective_docs(results: dict[str, Any], task: str) -> int:
+    """Problems evaluated for ``task``; for a group, summed over its subtasks."""
+    n_samples = results.get("n-samples", {})
+    if task in n_samples:
+        return int(n_samples[task]["effective"])
+    subtasks = results.get("group_subtasks", {}).get(task, [])
+    return sum(effective_docs(results, sub) for sub in subtasks)
+
+
+def run_params(
+    bench: Benchmark,
+    settings: PairSettings,
+    model_args: dict[str, Any],
+    results: dict[str, Any],
+    backend: str,
+    source: str,
+    prompt: str,
+    limit: int | None,
+) -> dict[str, Any]:
+    """The MLflow params of an evaluation: what it ran, how it generated and scored, with which versions."""
+    n_shot = results.get("n-shot", {})
+    return {
+        "benchmark": bench.name,
+        "kind": bench.kind,
+        "scoring": bench.scoring,
+        "backend": backend,
+        "model_args": model_args,
+        "generation": bench.generation_kwargs(settings.max_gen_toks) or "none (loglikelihood)",
+        "repeats": bench.k,
+        "num_fewshot": max(n_shot.values()) if n_shot else 0,
+        "seeds": {**SEEDS, "engine_seed": settings.seed},
+        "lm_eval_version": importlib.metadata.version("lm_eval"),
+        "transformers_version": importlib.metadata.version("transformers"),
+        "apply_chat_template": True,
+        "chat_template_sha": results.get("chat_template_sha"),
+        "system_prompt": settings.system_prompt,
+        "data_source": source,
+        "prompt": prompt,
+        "limit": limit,
+        "n_docs": effective_docs(results, bench.name),
+        "samples_per_problem": bench.k,
+    }
+
+
+def _sample_lines(samples: dict[str, list[dict[str, Any]]]) -> Iterator[str]:
+    for task, task_samples in samples.items():
+        for sample in task_samples:
+            yield json.dumps({"task": task, **sample}, default=_jsonable, ensure_ascii=False) + "\n"
+
+
+def _jsonable(value: Any) -> Any:
+    from lm_eval.utils import handle_non_serializable
+
+    return handle_non_serializable(value)

@@ -1,0 +1,83 @@
+"""``commrl eval`` end to end (tiny model, hf backend, real MLflow store) and its error messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from commrl import tracking
+from commrl.cli.main import main
+
+
+def test_eval_cli_writes_the_summary_and_nests_under_the_training_run(
+    tmp_path, tiny_model_dir, toy_jsonl, mlflow_uri, training_run, capsys
+):
+    summary_file = tmp_path / "run" / "summary.json"
+    summary_file.parent.mkdir()
+    summary_file.write_text(
+        json.dumps({"ticks_trained": 60, "ticks_asked": 60, "mlflow_run_id": training_run})
+    )
+    out = tmp_path / "eval" / "tiny" / "method" / "seed0" / "toy_greedy.json"
+    argv = (
+        f"eval --checkpoint {tiny_model_dir} --benchmark toy_greedy --data {toy_jsonl} --limit 2 "
+        f"--summary {summary_file} --max-gen-toks 8 --out {out} --tracking-uri {mlflow_uri}"
+    )
+    rc = main(argv.split())
+    assert rc == 0
+    assert "toy_greedy on" in capsys.readouterr().out
+    summary = json.loads(out.read_text())
+    assert (summary["n_docs"], summary["max_gen_toks"], summary["training_run_id"]) == (2, 8, training_run)
+    assert out.with_name("toy_greedy.results.json").is_file()
+    samples = [json.loads(x) for x in out.with_name("toy_greedy.samples.jsonl").read_text().splitlines()]
+    assert samples[0]["arguments"][0][1]["max_gen_toks"] == 8
+    assert samples[0]["arguments"][0][0].startswith("<|im_start|>user\n")  # the model's chat template
+    run = tracking.client(mlflow_uri).get_run(summary["mlflow_run_id"])
+    assert run.data.tags["mlflow.parentRunId"] == training_run
+    assert run.data.metrics["eval/toy_greedy/acc"] == summary["metrics"]["acc"]
+    assert run.data.params["model_args.pretrained"] == str(tiny_model_dir)
+
+
+def _fails(capsys, argv: str) -> str:
+    assert main(["eval", *argv.split()]) == 2
+    return capsys.readouterr().err
+
+
+def test_missing_dataset_is_a_clear_error_before_the_model_loads(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "aime.json"
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark commrl_aime24 --out {out}")
+    assert "error: benchmark commrl_aime24: cannot load hub dataset 'Maxwell-Jia/AIME_2024'" in err
+    assert "--data PATH" in err and "HF_HUB_OFFLINE=1" in err
+    assert not out.exists() and not list(tmp_path.iterdir())
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark toy_greedy")
+    assert "toy_greedy reads a local file and none was given: pass --data PATH" in err
+
+
+def test_bad_requests_name_the_value(tmp_path, tiny_model_dir, toy_jsonl, capsys):
+    err = _fails(capsys, f"--checkpoint {tmp_path} --benchmark toy_greedy --data {toy_jsonl}")
+    assert f"checkpoint {tmp_path} is not a model directory" in err
+    err = _fails(
+        capsys, f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --summary {tmp_path}/none.json"
+    )
+    assert "none.json does not exist" in err
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --data {toy_jsonl} --pair Z")
+    assert "pair 'Z' has no eval settings" in err
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --data {toy_jsonl} --limit 0")
+    assert "limit=0 must be >= 1" in err
+    with pytest.raises(SystemExit):
+        main(["eval", "--checkpoint", str(tiny_model_dir), "--benchmark", "aime24"])
+    assert "invalid choice: 'aime24'" in capsys.readouterr().err
+
+
+def test_unknown_training_run_and_builtin_without_cache(
+    tmp_path, tiny_model_dir, toy_jsonl, mlflow_uri, capsys
+):
+    argv = (
+        f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --data {toy_jsonl} --tracking-uri {mlflow_uri}"
+    )
+    err = _fails(capsys, f"{argv} --run-id 0123456789abcdef")
+    assert "training run '0123456789abcdef' is not in the MLflow store" in err
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem")
+    assert "mmlu_stem: cannot load hub dataset 'cais/mmlu', config 'abstract_algebra'" in err
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem --data {toy_jsonl}")
+    assert "mmlu_stem is lm-eval's built-in task" in err

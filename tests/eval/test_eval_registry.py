@@ -1,0 +1,149 @@
+"""The benchmark registry, the task YAMLs generated from it (loaded by lm-eval itself) and pair settings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import lm_eval
+import pytest
+import yaml
+
+from commrl.data.schema import format_prompt
+from commrl.data.toy import TOY_TEMPLATE
+from commrl.eval import BENCHMARKS, BenchmarkError, PairConfigError, get_benchmark, pair_settings
+from commrl.eval.benchmarks import AVG_K, GREEDY, MC, MMLU_STEM_SUBJECTS, Benchmark
+from commrl.eval.lmeval_task import write_task_dir
+from commrl.eval.problems import build_docs
+
+LM_EVAL_TASKS = Path(lm_eval.__file__).parent / "tasks"
+REPO = Path(__file__).resolve().parents[2]
+TASK_LINE = re.compile(r"^\"?task\"?:\s*\"?([\w.-]+)\"?\s*$", re.MULTILINE)
+
+
+def test_note_suite_kinds():
+    """method.md §5: greedy mean@1 for MATH500, Minerva, OlympiadBench (MMLU-STEM: multiple choice);
+    avg@8 at temperature 0.7 for AMC23 and the AIME sets."""
+    kinds = {name: (b.kind, b.k, b.temperature) for name, b in BENCHMARKS.items()}
+    for name in ("commrl_math500", "commrl_minerva", "commrl_olympiadbench", "toy_greedy"):
+        assert kinds[name] == (GREEDY, 1, 0.0)
+    for name in ("commrl_amc23", "commrl_aime24", "commrl_aime25", "commrl_aime26", "toy_avg8"):
+        assert kinds[name] == (AVG_K, 8, 0.7)
+    assert kinds["mmlu_stem"][0] == MC and kinds["toy_mc"][0] == MC
+    assert BENCHMARKS["commrl_olympiadbench"].hub.name == "OE_TO_maths_en_COMP"
+    assert BENCHMARKS["commrl_minerva"].hub.path == "math-ai/minervamath"
+
+
+def test_custom_names_do_not_shadow_builtins():
+    """A task in the include path with a built-in's name would replace the built-in silently."""
+    builtin = set()
+    for path in LM_EVAL_TASKS.rglob("*.yaml"):
+        builtin.update(TASK_LINE.findall(path.read_text(errors="ignore")))
+    assert len(builtin) > 1000
+    generated = {name for name, b in BENCHMARKS.items() if not b.builtin}
+    assert all(name.startswith(("commrl_", "toy_")) for name in generated)
+    assert not generated & builtin
+    assert {name for name, b in BENCHMARKS.items() if b.builtin} <= {"mmlu_stem"}
+
+
+def test_mmlu_stem_subjects_match_lm_eval():
+    subjects = set()
+    for path in (LM_EVAL_TASKS / "mmlu" / "default").glob("mmlu_*.yaml"):
+        config = yaml.safe_load(path.read_text())
+        if config.get("tag") == "mmlu_stem_tasks":
+            subjects.add(config["dataset_name"])
+    assert subjects == set(MMLU_STEM_SUBJECTS)
+
+
+def test_unknown_benchmark_names_the_choices():
+    with pytest.raises(BenchmarkError, match=r"unknown benchmark 'aime24'.*commrl_aime24"):
+        get_benchmark("aime24")
+
+
+def test_inconsistent_benchmark_is_rejected():
+    with pytest.raises(BenchmarkError, match="avg@k needs k >= 2"):
+        Benchmark("bad", AVG_K, k=1, temperature=0.7)
+    with pytest.raises(BenchmarkError, match="one greedy pass"):
+        Benchmark("bad", GREEDY, temperature=0.7)
+
+
+@pytest.mark.parametrize("budget", [24, 3072])
+def test_generation_settings_follow_the_budget_and_never_fix_a_seed(budget):
+    for bench in BENCHMARKS.values():
+        kwargs = bench.generation_kwargs(budget)
+        if bench.kind == MC:
+            assert kwargs is None
+            continue
+        assert kwargs["max_gen_toks"] == budget
+        assert "seed" not in kwargs
+        assert kwargs["do_sample"] is (bench.kind == AVG_K)
+        assert kwargs["temperature"] == bench.temperature
+
+
+def _load_task(tmp_path, name, rows, budget=64):
+    from lm_eval.tasks import TaskManager
+
+    bench = get_benchmark(name)
+    yaml_path = write_task_dir(bench, build_docs(bench, rows, "rows"), budget, tmp_path / name)
+    loaded = TaskManager(include_path=str(yaml_path.parent), include_defaults=False).load([name])
+    return yaml_path, loaded["tasks"][name]
+
+
+def test_generated_avg8_task_keeps_all_samples(tmp_path):
+    rows = [{"problem": "12+30", "answer": "42"}, {"problem": "1+1", "answer": "2"}]
+    yaml_path, task = _load_task(tmp_path, "toy_avg8", rows, budget=96)
+    assert "!function 'commrl_scoring.process_avg_k'" in yaml_path.read_text()
+    config = task.config
+    assert config.repeats == 8
+    assert config.filter_list == [{"name": "avg@8", "filter": [{"function": "take_first_k", "k": 8}]}]
+    assert config.generation_kwargs["max_gen_toks"] == 96 and config.generation_kwargs["temperature"] == 0.7
+    assert [m["metric"] for m in config.metric_list] == ["acc", "pass@8"]
+    docs = list(task.test_docs())
+    assert [task.doc_to_text(d) for d in docs] == [format_prompt(TOY_TEMPLATE, p) for p in ("12+30", "1+1")]
+    assert task.process_results(docs[0], [["\\boxed{42}", "\\boxed{41}", "42", "\\boxed{42.0}"]]) == {
+        "acc": 0.5,
+        "pass@4": 1.0,
+    }
+
+
+def test_generated_greedy_and_mc_tasks(tmp_path):
+    rows = [{"problem": "12+30", "answer": "42", "prompt": "from the data: 12+30"}]
+    _, greedy = _load_task(tmp_path, "toy_greedy", rows)
+    doc = next(iter(greedy.test_docs()))
+    assert greedy.doc_to_text(doc) == "from the data: 12+30"
+    assert greedy.config.repeats == 1 and greedy.config.generation_kwargs["do_sample"] is False
+    assert greedy.process_results(doc, ["work... \\boxed{42}"]) == {"acc": 1.0}
+    assert greedy.process_results(doc, ["42"]) == {"acc": 0.0}  # the answer must be boxed
+    _, mc = _load_task(tmp_path, "toy_mc", rows)
+    doc = next(iter(mc.test_docs()))
+    assert mc.config.output_type == "multiple_choice"
+    assert mc.doc_to_choice(doc) == ["A", "B", "C", "D"]
+    assert doc["choices"][mc.doc_to_target(doc)] == "42"
+
+
+def test_tiny_budget_is_the_training_response_length():
+    """The tiny pair's eval budget is the sampler's max_new_tokens of configs/train/pair/tiny.yaml."""
+    pair_config = REPO / "configs" / "train" / "pair" / "tiny.yaml"
+    if not pair_config.is_file():
+        pytest.skip(f"{pair_config} is not in this checkout")
+    budget = yaml.safe_load(pair_config.read_text())["sampler"]["max_new_tokens"]
+    assert pair_settings("tiny").max_gen_toks == budget
+
+
+def test_pair_settings_layers_and_errors(tmp_path):
+    assert (pair_settings("A").max_gen_toks, pair_settings("B").max_gen_toks) == (3072, 4096)
+    config = tmp_path / "eval.yaml"
+    config.write_text("max_gen_toks: 128\ntensor_parallel_size: 2\nsystem_prompt: Think.\n")
+    settings = pair_settings("A", config, max_gen_toks=256)
+    assert (settings.max_gen_toks, settings.tensor_parallel_size) == (256, 2)
+    assert settings.system_prompt == "Think."
+    with pytest.raises(PairConfigError, match=r"'C' has no eval settings for max_gen_toks, max_model_len"):
+        pair_settings("C")
+    assert pair_settings("C", max_gen_toks=8, max_model_len=64).max_model_len == 64
+    config.write_text("max_tokens: 128\n")
+    with pytest.raises(PairConfigError, match=r"unknown eval setting.*max_tokens"):
+        pair_settings("A", config)
+    with pytest.raises(PairConfigError, match=r"max_gen_toks=4096 must be below eval\.max_model_len=4096"):
+        pair_settings("A", max_gen_toks=4096)
+    with pytest.raises(PairConfigError, match=r"eval\.gpu_memory_utilization=1\.5"):
+        pair_settings("A", gpu_memory_utilization=1.5)
