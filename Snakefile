@@ -1,0 +1,47 @@
+# commrl: data -> base policy -> training runs -> evaluations (+ Optuna sweep) -> report.
+#
+#   snakemake --cores 2                                   the tiny pair end to end (configs/pipeline/tiny.yaml)
+#   snakemake --configfile configs/pipeline/paper.yaml --profile slurm       pairs A and B on a Slurm cluster
+#   snakemake results/eval/tiny/method/seed0/toy_greedy.json --cores 2      one benchmark on one run
+#   snakemake --report results/report.html                                    the figures, bundled
+# Targets go before --configfile (it takes several values). A --configfile replaces the default config
+# rather than being merged over it: give the whole config (e.g. a copy of tiny.yaml with changes).
+#
+# Rules only call `commrl <command>`; see docs/design.md for the contracts.
+
+from snakemake.utils import min_version, validate
+
+min_version("9.27")
+
+
+# The default config, unless one is given on the command line.
+if not workflow.overwrite_configfiles:
+
+    configfile: "configs/pipeline/tiny.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+
+
+check_config()
+
+
+include: "workflow/rules/init.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/base.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/eval.smk"
+include: "workflow/rules/sweep.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/report",

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Run by snakemake inside the new conda env, in the workflow's working directory (the repository root).
+set -euo pipefail
+python -m pip install -q --no-deps -r requirements/lock-cpu.txt
+python -m pip install -q --no-deps -e .
+python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

@@ -1,0 +1,96 @@
+"""Profiles (local, slurm, slurm-local), the root `slurm` link, conda environments and the report bundle."""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake_run import PAPER, REPO, Workflow
+
+PROFILES = ["local", "slurm", "slurm-local"]
+
+
+def test_no_default_profile() -> None:
+    """profiles/default/ would be applied to every run and win over --profile, key by key."""
+    assert not (REPO / "profiles" / "default").exists()
+
+
+def test_root_slurm_link_points_at_the_slurm_profile() -> None:
+    link = REPO / "slurm"
+    assert link.is_symlink() and os.readlink(link) == "profiles/slurm"
+    assert (link / "config.yaml").resolve() == (REPO / "profiles" / "slurm" / "config.yaml").resolve()
+
+
+def test_profile_slurm_by_name_from_the_root(workflow: Workflow) -> None:
+    """`snakemake --profile slurm` resolves the name in the working directory first (the root link)."""
+    result = workflow.dry_run("--profile", "slurm", "--configfile", PAPER)
+    assert "Using profile slurm for setting default command line arguments." in result.output
+    assert result.counts()["train_verl"] == 12
+    assert {r["slurm_extra"] for r in result.resources("train_verl")} == {"--exclusive"}
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_profile_parses_and_drives_a_dry_run(workflow: Workflow, name: str) -> None:
+    result = workflow.dry_run("--profile", f"profiles/{name}")
+    assert result.counts()["eval"] == 21
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profiles_take_retries_rule_files_do_not(name: str) -> None:
+    """Retries belong to the profile: a rule-level `retries:` would rerun inside the same allocation."""
+    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    assert "retries" in profile and profile.get("rerun-incomplete") is True
+    for smk in (REPO / "workflow" / "rules").glob("*.smk"):
+        assert not re.search(r"^\s+retries:", smk.read_text(), re.M), smk
+
+
+def test_slurm_profiles_poll_safely() -> None:
+    local = yaml.safe_load((REPO / "profiles" / "slurm-local" / "config.yaml").read_text())
+    assert local["slurm-status-command"] == "squeue"  # no accounting database on the local controller
+    assert local["default-resources"]["slurm_partition"] == "debug"
+    assert local["slurm-init-seconds-before-status-checks"] == 2
+
+
+def test_conda_envs_exist_parse_and_pin_python() -> None:
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    named = set(re.findall(r"\.\./\.\./envs/([\w-]+\.yaml)", common))
+    assert named == {"cpu.yaml", "train-gpu.yaml", "eval-gpu.yaml"}
+    for name in named:
+        env = yaml.safe_load((REPO / "envs" / name).read_text())
+        assert "python=3.11" in env["dependencies"], name
+        deploy = REPO / "envs" / name.replace(".yaml", ".post-deploy.sh")
+        assert "pip install -q --no-deps -e ." in deploy.read_text(), deploy
+
+
+def _png(path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.plot([0, 1], [0, 1])
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def test_snakemake_report_bundles_the_report_directory(workflow: Workflow) -> None:
+    """`snakemake --report` picks up whatever figures `commrl report` drew (a directory output + patterns).
+    The report directory is written here by hand: this tests the workflow's report markers, not the report."""
+    out = workflow.root / "results" / "report"
+    out.mkdir(parents=True)
+    for name in ("fig02_score_tiny.png", "fig06_kl_tiny.png"):
+        _png(out / name)
+    (out / "report.md").write_text("# commrl report\n")
+    (out / "report.html").write_text("<html><body>commrl report</body></html>\n")
+    (out / "claims.json").write_text("{}\n")
+    (out / "captions.json").write_text("{}\n")
+    result = workflow.snakemake("--report", "bundle.zip")
+    assert result.returncode == 0, result.output[-3000:]
+    names = {Path(n).name for n in zipfile.ZipFile(workflow.root / "bundle.zip").namelist()}
+    expected = {"fig02_score_tiny.png", "fig06_kl_tiny.png", "report.md", "claims.json", "captions.json"}
+    assert expected <= names

@@ -1,0 +1,28 @@
+# The base policy of a locally trained pair: the tiny Qwen2 model pretrained on the pair's training data
+# (`commrl pretrain`). Paper pairs start from a hub model named in the driver config instead.
+
+
+rule pretrain:
+    input:
+        data=lambda wildcards: data_files(pair_cfg(wildcards.pair)["train_data"]),
+    output:
+        config="results/models/{pair}-base/config.json",
+        weights="results/models/{pair}-base/model.safetensors",
+        accuracy="results/models/{pair}-base/base_accuracy.json",
+    params:
+        data=lambda wildcards: data_dir(pair_cfg(wildcards.pair)["train_data"]),
+        seed=lambda wildcards: pair_cfg(wildcards.pair)["pretrain"]["seed"],
+        out=lambda wildcards, output: os.path.dirname(output.config),
+    wildcard_constraints:
+        pair=one_of(pairs_with("local")),
+    log:
+        log("pretrain", "{pair}"),
+    benchmark:
+        bench("pretrain", "{pair}")
+    threads: threads_of("pretrain")
+    resources:
+        **resources_of("pretrain"),
+    conda:
+        env("cpu")
+    shell:
+        "commrl pretrain --data {params.data} --out {params.out} --seed {params.seed} > {log} 2>&1"

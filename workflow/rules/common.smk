@@ -1,0 +1,215 @@
+"""Config access, run ids and path helpers for workflow/rules/*.smk; naming only, no pipeline logic.
+
+Every output lives under results/; a training run is (pair, condition, seed) and lives in
+results/runs/<pair>/<condition>/seed<seed>/.
+"""
+
+import functools
+import os
+import re
+from pathlib import Path
+
+import yaml
+from snakemake.exceptions import WorkflowError
+
+# The files `commrl prepare --dataset <name>` writes into results/data/<name>/ (besides manifest.json).
+DATASET_FILES = {
+    "toy": ["train.parquet", "validation.parquet", "test.parquet", "validation.jsonl", "test.jsonl"],
+    "math": ["train.parquet"],
+    "math500": ["test.parquet", "test.jsonl"],
+    "deepscaler": ["train.parquet"],
+}
+# The key a per-condition `ticks` override sets in each driver's config tree (configs/train/, configs/verl/).
+TICKS_KEY = {"local": "rl.ticks", "verl": "ticks"}
+SCHEMAS = Path(workflow.basedir) / "workflow" / "schemas"
+MLFLOW_STAMP = "results/.init/mlflow.done"
+# The conda environment of each kind of job, per driver (envs/; used with --sdm conda only).
+ENVS = {"cpu": "../../envs/cpu.yaml", "train": "../../envs/train-gpu.yaml", "eval": "../../envs/eval-gpu.yaml"}
+
+wildcard_constraints:
+    pair=r"[A-Za-z0-9][A-Za-z0-9_-]*",
+    condition=r"[a-z][a-z_]*",
+    seed=r"\d+",
+    benchmark=r"[A-Za-z0-9][A-Za-z0-9_-]*",
+    study=r"[A-Za-z0-9][A-Za-z0-9_-]*",
+    worker=r"\d+",
+
+
+def pair_cfg(pair):
+    """The config of one pair; a clear error for a pair the config does not name."""
+    try:
+        return config["pairs"][pair]
+    except KeyError:
+        known = ", ".join(config["pairs"])
+        raise WorkflowError(
+            f"pair {pair!r} is not in the pipeline config's `pairs` (known: {known}); add it there or pass "
+            "the config that has it (--configfile configs/pipeline/paper.yaml)"
+        ) from None
+
+
+def pairs_with(driver):
+    return [p for p, c in config["pairs"].items() if c["driver"] == driver]
+
+
+def one_of(names):
+    """A wildcard constraint matching exactly these names (nothing when the list is empty)."""
+    return "|".join(re.escape(n) for n in names) or r"(?!)"
+
+
+def data_dir(name):
+    return f"results/data/{name}"
+
+
+def data_files(name):
+    return [f"{data_dir(name)}/{f}" for f in [*DATASET_FILES[name], "manifest.json"]]
+
+
+def excluded(name):
+    """The test split whose problems `commrl prepare` removes from data set `name` (none or one)."""
+    other = config["datasets"].get(name, {}).get("exclude")
+    return [f"{data_dir(other)}/test.parquet"] if other else []
+
+
+def model_dir(pair):
+    return f"results/models/{pair}-base"
+
+
+def run_dir(pair, condition, seed):
+    return f"results/runs/{pair}/{condition}/seed{seed}"
+
+
+def sweep_dir(pair):
+    return f"results/sweeps/{pair}/{pair_cfg(pair)['sweep']['study']}"
+
+
+def train_inputs(pair):
+    """What a training run (or a sweep trial) of `pair` reads: the store, its data, its base model."""
+    cfg = pair_cfg(pair)
+    inputs = {"store": MLFLOW_STAMP, "train": f"{data_dir(cfg['train_data'])}/train.parquet"}
+    if cfg["driver"] == "local":
+        inputs["model"] = f"{model_dir(pair)}/model.safetensors"
+    else:
+        inputs["val"] = f"{data_dir(cfg['val_data'])}/test.parquet"
+    return inputs
+
+
+def ticks_override(pair, condition):
+    """The driver override asking for this condition's ticks, or nothing (the driver config decides)."""
+    cfg = pair_cfg(pair)
+    ticks = cfg["ticks"].get(condition)
+    return f"{TICKS_KEY[cfg['driver']]}={ticks}" if ticks else ""
+
+
+def eval_data(pair, benchmark):
+    return pair_cfg(pair)["eval"]["benchmarks"].get(benchmark, {}).get("data")
+
+
+def eval_inputs(wildcards):
+    run = run_dir(wildcards.pair, wildcards.condition, wildcards.seed)
+    inputs = {"checkpoint": f"{run}/final", "summary": f"{run}/summary.json"}
+    data = eval_data(wildcards.pair, wildcards.benchmark)
+    if data and data.startswith("results/"):
+        inputs["data"] = data
+    return inputs
+
+
+def eval_options(wildcards):
+    """`--data` of `commrl eval` where the config names the benchmark's data (else the registry's source)."""
+    data = eval_data(wildcards.pair, wildcards.benchmark)
+    return f"--data {data}" if data else ""
+
+
+@functools.cache
+def sweep_config(pair):
+    """The sweep file of `pair`, checked for the keys the workflow reads (workflow/schemas/sweep.schema.yaml)."""
+    path = pair_cfg(pair)["sweep"]["config"]
+    try:
+        with open(path) as f:
+            sweep = yaml.safe_load(f)
+    except OSError as e:
+        raise WorkflowError(f"pairs.{pair}.sweep.config: cannot read {path!r} ({e.strerror}); fix the path") from None
+    try:
+        validate(sweep, str(SCHEMAS / "sweep.schema.yaml"))
+    except WorkflowError as e:
+        raise WorkflowError(f"pairs.{pair}.sweep.config: {path} is not a valid sweep config", e) from None
+    return sweep
+
+
+def sweep_workers(pair):
+    return range(sweep_config(pair)["n_workers"])
+
+
+def env(kind, driver="local"):
+    """The conda env file of a kind of job: the CPU stack for the local driver, the GPU stacks for verl."""
+    return ENVS["cpu"] if driver == "local" else ENVS[kind]
+
+
+def pair_env(kind):
+    """`env` as a function of the job's pair, for rules shared by both drivers."""
+    return lambda wildcards: env(kind, pair_cfg(wildcards.pair)["driver"])
+
+
+def threads_of(kind):
+    return config["resources"][kind]["threads"]
+
+
+def resources_of(kind):
+    """Scheduler resources of a kind of job; memory and time grow with the attempt (profile `retries`)."""
+    res = dict(config["resources"][kind])
+    res.pop("threads")
+    mem_mb, runtime = res.pop("mem_mb"), res.pop("runtime")
+    res["mem_mb"] = lambda wildcards, attempt: mem_mb * attempt
+    res["runtime"] = lambda wildcards, attempt: runtime * attempt
+    return res
+
+
+def log(kind, name):
+    return f"results/logs/{kind}/{name}.log"
+
+
+def bench(kind, name):
+    return f"results/benchmarks/{kind}/{name}.tsv"
+
+
+def all_runs():
+    return [
+        (pair, condition, seed)
+        for pair, cfg in config["pairs"].items()
+        for condition in cfg["conditions"]
+        for seed in cfg["seeds"]
+    ]
+
+
+def all_evals():
+    return [
+        f"results/eval/{pair}/{condition}/seed{seed}/{benchmark}.json"
+        for pair, condition, seed in all_runs()
+        for benchmark in pair_cfg(pair)["eval"]["benchmarks"]
+    ]
+
+
+def all_summaries():
+    return [f"{run_dir(*run)}/summary.json" for run in all_runs()]
+
+
+def all_sweeps():
+    return [f"{sweep_dir(p)}/summary" for p, cfg in config["pairs"].items() if "sweep" in cfg]
+
+
+def check_config():
+    """Cross-field checks the schema cannot express; each error names the field and the fix."""
+    for pair, cfg in config["pairs"].items():
+        for key in ("train_data", "val_data"):
+            name = cfg.get(key)
+            if name is not None and name not in config["datasets"]:
+                raise WorkflowError(f"pairs.{pair}.{key}: {name!r} is not in `datasets`; add datasets.{name}")
+        for condition in cfg["ticks"]:
+            if condition not in cfg["conditions"]:
+                raise WorkflowError(
+                    f"pairs.{pair}.ticks.{condition}: {condition!r} is not in pairs.{pair}.conditions"
+                )
+        if "sweep" in cfg:
+            sweep_config(pair)
+    for name, cfg in config["datasets"].items():
+        if "exclude" in cfg and cfg["exclude"] not in config["datasets"]:
+            raise WorkflowError(f"datasets.{name}.exclude: {cfg['exclude']!r} is not in `datasets`; add it")

@@ -1,0 +1,31 @@
+# The note's figures and tables from the MLflow store (`commrl report`), after every
+# run, evaluation and sweep of the config. The figure list depends on which runs exist, so the output is a
+# directory whose files `snakemake --report` picks up by pattern.
+
+
+rule report:
+    input:
+        evals=all_evals(),
+        runs=all_summaries(),
+        sweeps=all_sweeps(),
+    output:
+        report(
+            directory("results/report"),
+            patterns=["{name}.png", "{name}.md", "{name}.html", "{name}.json"],
+            caption="../report/report-file.rst",
+            category="commrl report",
+            labels={"file": "{name}"},
+        ),
+    params:
+        pairs=" ".join(f"--pair {p}" for p in config["pairs"]),
+    log:
+        log("report", "report"),
+    benchmark:
+        bench("report", "report")
+    threads: threads_of("report")
+    resources:
+        **resources_of("report"),
+    conda:
+        env("cpu")
+    shell:
+        "commrl report {params.pairs} --out {output} > {log} 2>&1"
