@@ -1,0 +1,65 @@
+"""The two-circuit method (docs/method.md §2-§3).
+
+Codecs, PowerSGD, sign memory, projection, anchor controller, byte ledger.
+"""
+
+from commrl.compression.activation import (
+    IdentityCodec,
+    LowRankActivationCodec,
+    PRFMaskActivationCodec,
+    lowrank_project,
+    orth,
+    prf_key,
+    prf_mask,
+    prf_uniform,
+    random_orthonormal,
+    sketch_update,
+)
+from commrl.compression.anchor import TwoCircuitController, build_codec
+from commrl.compression.config import ConfigError, MethodConfig
+from commrl.compression.hooks import SUPPORTED_MODEL_TYPES, CompressionPoints, decoder_layers
+from commrl.compression.ledger import AnalyticBytes, ByteLedger, analytic_tick_bytes, qwen25_15b_shapes
+from commrl.compression.powersgd import PowerSGD, WireBytes, cholesky_orth
+from commrl.compression.projection import (
+    SnapshotBuffer,
+    project_tensor,
+    quad4_projection,
+    relex_projection,
+    secant_projection,
+)
+from commrl.compression.sign_memory import DenseMemory, memory_update, sign_correct
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "AnalyticBytes",
+    "ByteLedger",
+    "CompressionPoints",
+    "ConfigError",
+    "DenseMemory",
+    "IdentityCodec",
+    "LowRankActivationCodec",
+    "MethodConfig",
+    "PRFMaskActivationCodec",
+    "PowerSGD",
+    "SnapshotBuffer",
+    "TwoCircuitController",
+    "WireBytes",
+    "analytic_tick_bytes",
+    "build_codec",
+    "cholesky_orth",
+    "decoder_layers",
+    "lowrank_project",
+    "memory_update",
+    "orth",
+    "prf_key",
+    "prf_mask",
+    "prf_uniform",
+    "project_tensor",
+    "quad4_projection",
+    "qwen25_15b_shapes",
+    "random_orthonormal",
+    "relex_projection",
+    "secant_projection",
+    "sign_correct",
+    "sketch_update",
+]

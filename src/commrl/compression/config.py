@@ -1,0 +1,151 @@
+"""The method's knobs: one frozen dataclass, defaults from ``docs/method.md`` §2-§3.
+
+``MethodConfig.validate(hidden_size)`` raises ``ConfigError`` naming the field, its value and the allowed
+range. The checks that need no model run at construction; ``rank < hidden_size`` (and the default
+``prf_keep = rank / hidden``) are checked once the model's width is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CODECS = ("identity", "lowrank", "prf_mask")
+GRAD_CODECS = ("none", "powersgd")
+PROJECTIONS = ("none", "secant", "quad4", "progressive", "relex")
+KL_REF_FORWARDS = ("codec", "dense")
+
+
+class ConfigError(ValueError):
+    """A method setting out of its allowed range; the message names field, value and the fix."""
+
+
+def _fail(field: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"method.{field}={value!r} is invalid: {allowed}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Two-circuit method settings (method.md §2 fast circuit, §3 anchor circuit).
+
+    ``prf_keep=None`` means ``rank / hidden`` (as many bytes as ``lowrank``), ``grad_rank=None`` means
+    ``rank``, ``delay=None`` means ``cadence`` (the note's "matching freshness delay").
+    """
+
+    codec: str = "lowrank"
+    rank: int = 77
+    prf_keep: float | None = None
+    grad_codec: str = "powersgd"
+    grad_rank: int | None = None
+    min_compression_rate: float = 2.0
+    anchor: bool = True
+    cadence: int = 20
+    delay: int | None = None
+    projection: str = "secant"
+    projection_scale: float = 1.0
+    progressive_fires: int = 3
+    relex_window: int = 4
+    alpha: float = 0.25
+    beta: float = 0.25
+    kl_ref_forward: str = "codec"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> MethodConfig:
+        """Build from a plain mapping (a Hydra node made a dict); unknown keys are named and rejected."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown method setting(s) {', '.join(unknown)}; known settings: {', '.join(sorted(known))}"
+            )
+        return cls(**dict(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self, hidden_size: int | None = None) -> MethodConfig:
+        """Check every field; with ``hidden_size`` also ``rank < hidden_size`` and the default keep rate.
+
+        Returns ``self`` so that ``cfg = MethodConfig(...).validate(hidden)`` reads naturally.
+        """
+        self._check_choice("codec", CODECS)
+        self._check_choice("grad_codec", GRAD_CODECS)
+        self._check_choice("projection", PROJECTIONS)
+        self._check_choice("kl_ref_forward", KL_REF_FORWARDS)
+        if not _is_int(self.rank) or self.rank < 1:
+            raise _fail("rank", self.rank, "must be an integer >= 1 (and < the model's hidden size)")
+        if hidden_size is not None and self.rank >= hidden_size:
+            raise _fail("rank", self.rank, f"must be >= 1 and < hidden_size={hidden_size}; lower method.rank")
+        if self.grad_rank is not None and (not _is_int(self.grad_rank) or self.grad_rank < 1):
+            raise _fail("grad_rank", self.grad_rank, "must be an integer >= 1, or null (= method.rank)")
+        if self.prf_keep is not None and not (_is_number(self.prf_keep) and 0.0 < self.prf_keep <= 1.0):
+            raise _fail("prf_keep", self.prf_keep, "must be in (0, 1], or null (= rank / hidden_size)")
+        if not _is_number(self.min_compression_rate) or self.min_compression_rate < 1.0:
+            raise _fail(
+                "min_compression_rate",
+                self.min_compression_rate,
+                "must be a number >= 1 (a compressed matrix must not be larger than the dense one)",
+            )
+        if not isinstance(self.anchor, bool):
+            raise _fail("anchor", self.anchor, "must be true or false")
+        if not _is_int(self.cadence) or self.cadence < 1:
+            raise _fail(
+                "cadence", self.cadence, "must be an integer >= 1 (anchor fires every `cadence` ticks)"
+            )
+        if self.delay is not None and (not _is_int(self.delay) or self.delay < 0):
+            raise _fail("delay", self.delay, "must be an integer >= 0, or null (= method.cadence)")
+        if not _is_number(self.projection_scale) or self.projection_scale < 0:
+            raise _fail("projection_scale", self.projection_scale, "must be a number >= 0")
+        if not _is_int(self.progressive_fires) or self.progressive_fires < 1:
+            raise _fail("progressive_fires", self.progressive_fires, "must be an integer >= 1")
+        if not _is_int(self.relex_window) or self.relex_window < 2:
+            raise _fail("relex_window", self.relex_window, "must be an integer >= 2 (2 is the secant)")
+        if not _is_number(self.alpha) or not 0.0 <= self.alpha <= 1.0:
+            raise _fail("alpha", self.alpha, "must be in [0, 1] (1 = no sign correction)")
+        if not _is_number(self.beta) or not 0.0 <= self.beta < 1.0:
+            raise _fail("beta", self.beta, "must be in [0, 1) (0 = memory is the newest dense gradient)")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise _fail("seed", self.seed, "must be an integer >= 0")
+        if hidden_size is not None:
+            self.keep_prob(hidden_size)
+        return self
+
+    def _check_choice(self, field: str, allowed: tuple[str, ...]) -> None:
+        value = getattr(self, field)
+        if value not in allowed:
+            raise _fail(field, value, f"must be one of {', '.join(allowed)}")
+
+    def effective_delay(self) -> int:
+        """Anchor freshness delay ``h`` (method.md §3.1): ``delay``, or ``cadence`` when unset."""
+        return self.cadence if self.delay is None else self.delay
+
+    def effective_grad_rank(self) -> int:
+        """PowerSGD rank (method.md §2): ``grad_rank``, or the activation ``rank`` when unset."""
+        return self.rank if self.grad_rank is None else self.grad_rank
+
+    def keep_prob(self, hidden_size: int) -> float:
+        """PRF-mask keep probability ``p`` (method.md §2): ``prf_keep``, or ``rank / hidden_size``."""
+        if not _is_int(hidden_size) or hidden_size < 1:
+            raise ConfigError(f"hidden_size={hidden_size!r} is invalid: must be an integer >= 1")
+        p = self.rank / hidden_size if self.prf_keep is None else float(self.prf_keep)
+        if not 0.0 < p <= 1.0:
+            raise _fail(
+                "prf_keep",
+                self.prf_keep,
+                f"rank / hidden_size = {p:.3f} is not in (0, 1]; set method.prf_keep",
+            )
+        return p

@@ -1,0 +1,54 @@
+"""The dense memory of the anchor (method.md §3.5) and the sign correction of the fast circuit (§2)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+
+def sign_correct(G: Tensor, M: Tensor, alpha: float) -> Tensor:
+    """``G_corr = alpha * G + (1 - alpha) * |G| * sign(M)``, elementwise (method.md §2; ``sign(0) = 0``)."""
+    return alpha * G + (1.0 - alpha) * G.abs() * torch.sign(M)
+
+
+def sign_correct_(G: Tensor, M: Tensor, alpha: float) -> Tensor:
+    """``sign_correct`` written into ``G`` (the gradient buffer the optimizer will read)."""
+    resigned = G.abs().mul_(torch.sign(M)).mul_(1.0 - alpha)
+    return G.mul_(alpha).add_(resigned)
+
+
+def memory_update(M: Tensor | None, G_dense: Tensor, beta: float) -> Tensor:
+    """``M <- beta * M + (1 - beta) * G_dense``; the first fire (``M`` None) sets ``M = G_dense`` (§3.5)."""
+    if M is None:
+        return G_dense.detach().clone()
+    return M.mul_(beta).add_(G_dense, alpha=1.0 - beta)
+
+
+class DenseMemory:
+    """Per-parameter memory ``M`` of the anchor's dense gradients; empty before the first fire."""
+
+    def __init__(self, beta: float) -> None:
+        self.beta = beta
+        self.memory: dict[str, Tensor] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.memory)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.memory
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.memory[name]
+
+    @torch.no_grad()
+    def update(self, dense_grads: Mapping[str, Tensor]) -> None:
+        for name, G in dense_grads.items():
+            self.memory[name] = memory_update(self.memory.get(name), G, self.beta)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {name: M.detach().cpu().clone() for name, M in self.memory.items()}
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.memory = {name: M.clone() for name, M in state.items()}

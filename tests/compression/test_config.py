@@ -1,0 +1,67 @@
+"""MethodConfig: defaults from method.md, bad values rejected with the field named, unknown keys named."""
+
+from __future__ import annotations
+
+import pytest
+
+from commrl.compression import ConfigError, MethodConfig
+
+
+def test_defaults_follow_method_md():
+    cfg = MethodConfig()
+    assert (cfg.codec, cfg.rank, cfg.grad_codec, cfg.cadence, cfg.projection) == (
+        "lowrank",
+        77,
+        "powersgd",
+        20,
+        "secant",
+    )
+    assert (cfg.alpha, cfg.beta, cfg.projection_scale, cfg.kl_ref_forward) == (0.25, 0.25, 1.0, "codec")
+    assert cfg.effective_delay() == 20 and cfg.effective_grad_rank() == 77
+    assert cfg.keep_prob(1536) == pytest.approx(77 / 1536)
+    assert MethodConfig(delay=0, grad_rank=4, prf_keep=0.5).effective_delay() == 0
+    assert MethodConfig(grad_rank=4).effective_grad_rank() == 4
+    assert MethodConfig(prf_keep=0.5).keep_prob(1536) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("rank", 0, ">= 1"),
+        ("alpha", 1.5, "[0, 1]"),
+        ("beta", 1.0, "[0, 1)"),
+        ("cadence", 0, ">= 1"),
+        ("delay", -1, ">= 0"),
+        ("projection", "cubic", "secant"),
+        ("codec", "topk", "lowrank"),
+        ("grad_codec", "signsgd", "powersgd"),
+        ("prf_keep", 0.0, "(0, 1]"),
+        ("prf_keep", 1.2, "(0, 1]"),
+        ("grad_rank", 0, ">= 1"),
+        ("relex_window", 1, ">= 2"),
+        ("progressive_fires", 0, ">= 1"),
+        ("min_compression_rate", 0.5, ">= 1"),
+        ("kl_ref_forward", "none", "codec"),
+        ("anchor", "yes", "true or false"),
+        ("cadence", 2.5, "integer"),
+    ],
+)
+def test_bad_values_name_the_field(field, value, fragment):
+    with pytest.raises(ConfigError) as info:
+        MethodConfig(**{field: value})
+    assert f"method.{field}={value!r}" in str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_rank_must_be_below_hidden_size():
+    MethodConfig(rank=63).validate(hidden_size=64)
+    with pytest.raises(ConfigError, match=r"method\.rank=64 .*hidden_size=64"):
+        MethodConfig(rank=64).validate(hidden_size=64)
+
+
+def test_from_dict_rejects_unknown_keys_by_name():
+    cfg = MethodConfig.from_dict({"rank": 8, "projection": "relex"})
+    assert cfg == MethodConfig(rank=8, projection="relex")
+    assert MethodConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match=r"unknown method setting.*cadense.*known settings:.*cadence"):
+        MethodConfig.from_dict({"cadense": 10})
