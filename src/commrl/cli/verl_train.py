@@ -1,0 +1,168 @@
+"""``commrl verl-train``: one cluster training run through verl's ``main_ppo``, the two circuits in its
+engine.
+
+    commrl verl-train --pair A --condition method --seed 0 --out results/runs/A/method/seed0
+    commrl verl-train --pair B --condition dense --seed 0 --out DIR actor_rollout_ref.model.path=/models/r1
+    commrl verl-train --pair A --condition method --seed 0 --out DIR --dry-run   # print verl's config, exit
+
+The run is configs/verl/ (pair, condition) turned into overrides of verl's own ``ppo_trainer`` config, plus
+the command line's: ``method.*``, ``model.*``, ``dataset.*``, ``ticks``, ``read_at``, ``val_every`` go to
+commrl's tree, every other ``key=value`` to verl's. After training: ``DIR/final`` (the last checkpoint as an
+HF folder), ``DIR/tick<read_at>`` when the read point is an earlier checkpoint, ``DIR/summary.json``.
+
+Exit status: 0 when every asked tick was trained; 1 on a configuration, data or environment error (no
+GPU); 3 when verl trained fewer ticks than asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from commrl import tracking
+from commrl.compression.config import ConfigError
+
+EXIT_ERROR, EXIT_INCOMPLETE = 1, 3
+RUN_ID_FILE = "mlflow_run_id"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pair", required=True, help="A | B (configs/verl/pair/)")
+    parser.add_argument(
+        "--condition", required=True, help="dense | method | no_projection | anchor_off | prf_mask | dropout"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="the run's folder")
+    parser.add_argument("--data-dir", type=Path, default=None, help="data sets (default: results/data)")
+    parser.add_argument(
+        "--val-file", type=Path, default=None,
+        help="validation parquet (default: <data-dir>/<val>/test.parquet)",
+    )
+    parser.add_argument("--config-dir", type=Path, default=None, help="commrl's tree (default: configs/verl)")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved verl config, exit")
+    parser.add_argument("overrides", nargs="*", help="key=value: method.cadence=10, trainer.save_freq=5, ...")
+
+
+def run(args: argparse.Namespace) -> int:
+    from commrl.verl_ext import config as vc
+
+    try:
+        commrl_overrides, verl_overrides = vc.split_overrides(args.overrides)
+        spec = vc.compose_run(args.pair, args.condition, args.seed, commrl_overrides, args.config_dir)
+        data_dir = (args.data_dir or tracking.results_dir() / "data").resolve()
+        out_dir = args.out.resolve()
+        uri = tracking.default_tracking_uri()
+        run_id = None if args.dry_run else existing_run_id(out_dir, uri)
+        overrides = vc.run_overrides(spec, out_dir, data_dir, args.val_file, uri, run_id, verl_overrides)
+        cfg = vc.compose_verl_config(overrides)
+        vc.check_verl_config(cfg)
+        missing = [f for f in (cfg.data.train_files, cfg.data.val_files) if not Path(f).exists()]
+        if args.dry_run:
+            print(vc.resolved_yaml(cfg), end="")
+            for f in missing:
+                print(f"commrl verl-train: note: {f} does not exist yet", file=sys.stderr)
+            return 0
+        require_gpu()
+        if missing:
+            raise ConfigError(
+                f"data file(s) missing: {', '.join(missing)}; prepare them (commrl prepare --dataset "
+                f"{spec.train_dataset} / {spec.val_dataset} --out <data-dir>/<name>) or pass --data-dir / "
+                "--val-file"
+            )
+    except ConfigError as err:
+        print(f"commrl verl-train: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    return train(spec, cfg, out_dir, uri, run_id)
+
+
+def require_gpu() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "verl's main_ppo needs a GPU (vLLM sampling, FSDP training) and this machine has none "
+            "(torch.cuda.is_available() is False). Check the run's config here with --dry-run; train on CPU "
+            "with the embedded tiny pipeline instead (commrl train pair=tiny ..., or snakemake with "
+            "configs/pipeline/tiny.yaml)"
+        )
+
+
+def existing_run_id(out_dir: Path, tracking_uri: str) -> str | None:
+    """The MLflow run of an earlier attempt of this run (``DIR/mlflow_run_id``), if the store still has it."""
+    path = out_dir / RUN_ID_FILE
+    if not path.exists():
+        return None
+    run_id = path.read_text().strip()
+    try:
+        tracking.client(tracking_uri).get_run(run_id)
+    except Exception:
+        return None
+    return run_id
+
+
+def start_mlflow_run(spec, out_dir: Path, tracking_uri: str, run_id: str | None) -> str:
+    """Create (or reopen) the run ``<pair>/<condition>/seed<k>`` with commrl's tags; verl logs into it."""
+
+    client = tracking.client(tracking_uri)
+    if run_id is not None:
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+    experiment_id = tracking.ensure_experiment(tracking.experiment_name(spec.pair), tracking_uri, client)
+    tags = {
+        "pair": spec.pair, "condition": spec.condition, "codec": spec.method.codec, "seed": str(spec.seed),
+        "git_commit": tracking.git_commit(), "driver": "verl", "kind": "train",
+    }
+    run_id = client.create_run(experiment_id, run_name=spec.run_name, tags=tags).info.run_id
+    tracking.log_params(run_id, {"method": spec.method.to_dict()}, tracking_uri)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{RUN_ID_FILE}.tmp"
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, out_dir / RUN_ID_FILE)
+    return run_id
+
+
+def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None) -> int:
+    """verl's ``run_ppo`` with commrl's TaskRunner; then count ticks, export HF folders, write the summary."""
+    from omegaconf import OmegaConf
+
+    from commrl.verl_ext import config as vc
+    from commrl.verl_ext.checkpoint import finish_run
+
+    fresh = run_id is None
+    run_id = start_mlflow_run(spec, out_dir, tracking_uri, run_id)
+    if fresh:  # the config was composed before the run existed
+        OmegaConf.update(cfg, f"{vc.ENV_VARS_KEY}.MLFLOW_RUN_ID", run_id, force_add=True)
+    os.environ.update({"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_RUN_ID": run_id})
+    import ray
+    from verl.trainer.main_ppo import run_ppo
+    from verl.utils.device import auto_set_device
+
+    from commrl.verl_ext.trainer import CommrlTaskRunner
+
+    auto_set_device(cfg)
+    error: BaseException | None = None
+    try:
+        run_ppo(cfg, task_runner_class=CommrlTaskRunner)
+    except Exception as err:  # still count what was trained and write the summary
+        error = err
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    summary = finish_run(out_dir, int(cfg.trainer.total_training_steps), spec.read_at, run_id)
+    status = "FINISHED" if summary.complete and error is None else "FAILED"
+    tracking.client(tracking_uri).set_terminated(run_id, status)
+    if error is not None:
+        trained = summary.ticks_trained
+        print(f"commrl verl-train: verl failed after {trained} tick(s): {error!r}", file=sys.stderr)
+        return EXIT_ERROR
+    if not summary.complete:
+        print(
+            f"commrl verl-train: verl trained {summary.ticks_trained} of {summary.ticks_asked} ticks "
+            f"(see {out_dir / 'summary.json'}); a resume that trains nothing exits 0 in verl",
+            file=sys.stderr,
+        )
+        return EXIT_INCOMPLETE
+    print(f"commrl verl-train: {summary.ticks_trained} ticks done; final model in {summary.final}")
+    return 0

@@ -1,0 +1,304 @@
+"""The cluster driver's run config: commrl's tree (``configs/verl/``) as Hydra overrides of verl's own config.
+
+A run is (pair, condition, seed). ``compose_run`` composes ``configs/verl/config.yaml`` (the pair's model,
+data, ticks, the method's knobs and the pair's verl recipe under ``verl:``; the condition's codec switches)
+into a ``VerlRun``. ``run_overrides`` turns that into ``key=value`` overrides of verl's
+``verl/trainer/config/ppo_trainer.yaml`` -- the pair's recipe, then what commrl derives (model path, data
+files, ticks, validation cadence, MLflow naming, the engine and the reward), then the command line's own --
+and ``compose_verl_config`` composes verl's config with them, so verl's Hydra tree stays the single schema.
+
+How the method config reaches the workers: verl converts ``actor_rollout_ref.actor``/``.model`` into
+dataclasses that reject unknown keys, and the engine sees nothing else, so the ``MethodConfig`` travels as
+JSON in the environment variable ``COMMRL_METHOD``, set through Ray's job-level runtime environment
+(``ray_kwargs.ray_init.runtime_env.env_vars``): every Ray worker of the job (actor, reference, TaskRunner)
+gets it, on every node, and it shows in the printed config. The engine is loaded in every worker through
+``actor_rollout_ref.model.external_lib=commrl.verl_ext`` (imported by ``HFModelConfig`` before the engine
+is built).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from commrl import tracking
+from commrl.compression.config import ConfigError, MethodConfig
+
+METHOD_ENV = "COMMRL_METHOD"
+CONFIGS_ENV = "COMMRL_VERL_CONFIGS"
+EXTERNAL_LIB = "commrl.verl_ext"
+ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
+# Top-level keys of commrl's tree; an override whose first key is one of these goes to commrl, else to verl.
+# (``resources`` records a job's needs for the Slurm profile; the driver itself does not read it.)
+COMMRL_KEYS = (
+    "pair", "condition", "seed", "model", "dataset", "ticks", "ticks_by_condition", "read_at", "val_every",
+    "attention_dropout", "method", "resources", "verl",
+)
+
+
+@dataclass(frozen=True)
+class VerlRun:
+    """One (pair, condition, seed) run of the cluster driver, as composed from ``configs/verl/``."""
+
+    pair: str
+    condition: str
+    seed: int
+    model: str  # a local HF folder or a hub id
+    train_dataset: str
+    val_dataset: str
+    ticks: int
+    read_at: int
+    val_every: int
+    attention_dropout: float
+    method: MethodConfig
+    verl: Mapping[str, Any] = field(default_factory=dict)  # the pair's verl recipe (nested keys)
+
+    @property
+    def run_name(self) -> str:
+        return tracking.training_run_name(self.pair, self.condition, self.seed)
+
+
+def default_config_dir() -> Path:
+    """``$COMMRL_VERL_CONFIGS``, else ``configs/verl`` under the working directory or the repository."""
+    env = os.environ.get(CONFIGS_ENV)
+    if env:
+        return Path(env).resolve()
+    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
+        candidate = root / "configs" / "verl"
+        if candidate.is_dir():
+            return candidate.resolve()
+    raise ConfigError(f"cannot find configs/verl; run from the repository root or set {CONFIGS_ENV}")
+
+
+def override_key(override: str) -> str:
+    """The dotted key an override sets: ``+a.b=1`` -> ``a.b``; ``~a.b`` -> ``a.b``."""
+    return override.lstrip("+~").split("=", 1)[0].strip()
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(commrl's overrides, verl's overrides), by the override's first key (``COMMRL_KEYS``)."""
+    commrl, verl = [], []
+    for override in overrides:
+        if "=" not in override and not override.startswith("~"):
+            raise ConfigError(
+                f"override {override!r} is not key=value (e.g. method.cadence=10, trainer.save_freq=5)"
+            )
+        (commrl if override_key(override).split(".")[0] in COMMRL_KEYS else verl).append(override)
+    return commrl, verl
+
+
+def available(config_dir: Path, group: str) -> list[str]:
+    return sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+
+
+def compose_run(
+    pair: str, condition: str, seed: int, overrides: Sequence[str] = (), config_dir: Path | None = None
+) -> VerlRun:
+    """Compose ``configs/verl/config.yaml`` for (pair, condition, seed) plus commrl-side overrides."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    directory = (config_dir or default_config_dir()).resolve()
+    for group, name in (("pair", pair), ("condition", condition)):
+        if name not in available(directory, group):
+            raise ConfigError(
+                f"--{group} {name!r} has no config {directory / group / (name + '.yaml')}; "
+                f"choose one of {', '.join(available(directory, group))}"
+            )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed {seed!r} is invalid: must be an integer >= 0")
+    try:
+        with initialize_config_dir(config_dir=str(directory), version_base="1.3", job_name="commrl_verl"):
+            run = [f"pair={pair}", f"condition={condition}", f"seed={seed}"]
+            cfg = compose(config_name="config", overrides=[*run, *overrides])
+        values = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"cannot compose the run config from {directory}: {err}") from err
+    return run_from_dict(values)
+
+
+def run_from_dict(values: Mapping[str, Any]) -> VerlRun:
+    """A ``VerlRun`` from the composed mapping; missing or out-of-range fields are named."""
+    unknown = sorted(set(values) - set(COMMRL_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"unknown top-level key(s) {', '.join(unknown)} in configs/verl; known: {', '.join(COMMRL_KEYS)}"
+        )
+    try:
+        model, dataset = values["model"], values["dataset"]
+        condition = str(values["condition"])
+        ticks = int(dict(values.get("ticks_by_condition") or {}).get(condition, values["ticks"]))
+        method = {"seed": int(values["seed"]), **values["method"]}  # the run's seed unless method.seed is set
+        run = VerlRun(
+            pair=str(values["pair"]),
+            condition=condition,
+            seed=int(values["seed"]),
+            model=str(model.get("path") or model["hub_id"]),
+            train_dataset=str(dataset["train"]),
+            val_dataset=str(dataset["val"]),
+            ticks=ticks,
+            read_at=int(values["read_at"]),
+            val_every=int(values["val_every"]),
+            attention_dropout=float(values.get("attention_dropout", 0.0)),
+            method=MethodConfig.from_dict(method),
+            verl=dict(values.get("verl") or {}),
+        )
+    except KeyError as err:  # a pair file without model/dataset/ticks/...
+        key = err.args[0]
+        raise ConfigError(f"configs/verl lacks the key {key!r} (see configs/verl/pair/A.yaml)") from None
+    for name in ("ticks", "read_at", "val_every"):
+        if getattr(run, name) < 1:
+            raise ConfigError(f"{name}={getattr(run, name)} is invalid: must be an integer >= 1")
+    if not 0.0 <= run.attention_dropout < 1.0:
+        raise ConfigError(f"attention_dropout={run.attention_dropout} is invalid: must be in [0, 1)")
+    return run
+
+
+def method_to_env(method: MethodConfig) -> str:
+    """The method config as the JSON value of ``COMMRL_METHOD``."""
+    return json.dumps(method.to_dict(), sort_keys=True)
+
+
+def method_from_env(environ: Mapping[str, str] | None = None) -> MethodConfig | None:
+    """The method config of this worker (``COMMRL_METHOD``); None outside ``commrl verl-train``."""
+    raw = (os.environ if environ is None else environ).get(METHOD_ENV)
+    if not raw:
+        return None
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{METHOD_ENV} is not valid JSON ({err}); `commrl verl-train` sets it") from err
+    return MethodConfig.from_dict(values)
+
+
+def hydra_value(value: Any) -> str:
+    """A Python value in Hydra's override grammar (strings single-quoted, lists and dicts in brackets)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, leaf value) pairs of a nested mapping; an empty mapping is a leaf."""
+    for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            yield from flatten(value, name)
+        else:
+            yield name, value
+
+
+def data_files(run: VerlRun, data_dir: Path, val_file: Path | None = None) -> tuple[Path, Path]:
+    """``<data_dir>/<train>/train.parquet`` and ``<data_dir>/<val>/test.parquet`` (or ``val_file``)."""
+    train = data_dir / run.train_dataset / "train.parquet"
+    val = val_file if val_file is not None else data_dir / run.val_dataset / "test.parquet"
+    return train.resolve(), val.resolve()
+
+
+def reward_file() -> Path:
+    """The file verl loads the reward from: ``commrl.rl.reward`` (math-verify on the last ``\\boxed{}``)."""
+    import commrl.rl.reward
+
+    return Path(commrl.rl.reward.__file__).resolve()
+
+
+def run_overrides(
+    run: VerlRun,
+    out_dir: Path,
+    data_dir: Path,
+    val_file: Path | None = None,
+    tracking_uri: str | None = None,
+    mlflow_run_id: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """Overrides of verl's ``ppo_trainer`` for this run: the pair's recipe, commrl's keys, then ``extra``."""
+    train, val = data_files(run, data_dir, val_file)
+    derived: dict[str, Any] = {
+        "actor_rollout_ref.model.path": run.model,
+        "actor_rollout_ref.model.external_lib": EXTERNAL_LIB,
+        "data.train_files": str(train),
+        "data.val_files": str(val),
+        "data.seed": run.seed,
+        "actor_rollout_ref.rollout.seed": run.seed,
+        "reward.custom_reward_function.path": str(reward_file()),
+        "reward.custom_reward_function.name": "compute_score",
+        "trainer.total_training_steps": run.ticks,
+        "trainer.test_freq": run.val_every,
+        "trainer.logger": ["console", "mlflow"],
+        "trainer.project_name": tracking.experiment_name(run.pair),
+        "trainer.experiment_name": run.run_name,
+        "trainer.default_local_dir": str((out_dir / "checkpoints").resolve()),
+        "trainer.use_v1": False,  # the V1 trainer needs the TransferQueue package (verl[verl-core])
+    }
+    env = {
+        METHOD_ENV: method_to_env(run.method),
+        "MLFLOW_TRACKING_URI": tracking_uri or tracking.default_tracking_uri(),
+    }
+    if mlflow_run_id:
+        env["MLFLOW_RUN_ID"] = mlflow_run_id
+    overrides = [f"{key}={hydra_value(value)}" for key, value in flatten(run.verl)]
+    overrides += [f"{key}={hydra_value(value)}" for key, value in derived.items()]
+    if run.attention_dropout > 0:
+        overrides.append(f"+actor_rollout_ref.model.override_config.attention_dropout={run.attention_dropout!r}")
+    overrides += [f"+{ENV_VARS_KEY}.{name}={hydra_value(value)}" for name, value in env.items()]
+    return [*overrides, *extra]
+
+
+def verl_config_dir() -> Path:
+    import verl
+
+    return Path(verl.__file__).resolve().parent / "trainer" / "config"
+
+
+def compose_verl_config(overrides: Sequence[str]):
+    """verl's ``ppo_trainer`` config (an OmegaConf ``DictConfig``) with the given overrides."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        directory = str(verl_config_dir())
+        with initialize_config_dir(config_dir=directory, version_base=None, job_name="commrl_verl"):
+            return compose(config_name="ppo_trainer", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(
+            f"verl rejected an override: {err}\n(overrides come from configs/verl's `verl:` recipe, from "
+            "`commrl verl-train` itself and from the command line; a key verl lacks needs a leading +)"
+        ) from err
+
+
+def check_verl_config(cfg) -> None:
+    """verl's own checks (``validate_config``, as ``main_ppo`` runs them), failures as ``ConfigError``."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints a verdict; stdout carries --dry-run's YAML
+            validate_config(
+                config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
+            )
+    except (AssertionError, ValueError, TypeError) as err:
+        raise ConfigError(f"verl's config check failed: {err}") from err
+
+
+def resolved_yaml(cfg) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(cfg, resolve=True)

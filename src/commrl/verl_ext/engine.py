@@ -1,0 +1,355 @@
+"""The two circuits inside verl 0.9.1's model engine (``FSDPEngineWithLMHead``, docs/design.md "Compression").
+
+``TwoCircuitEngineMixin`` goes in front of an ``FSDPEngineWithLMHead`` (the stock FSDP engine on GPUs; the
+tests' plain CPU engine) and owns a ``TwoCircuitController`` built from ``COMMRL_METHOD``. Without that
+variable the engine is the stock engine. One verl trainer step is one tick (method.md §1):
+
+- every forward of the actor goes through the activation codec: the old-log-prob pass (``infer_batch``)
+  and the training passes, micro-batch ``j`` with PRF key ``j`` (the passes share one micro-batch
+  partition when their token budgets agree, as in configs/verl/), the token mask of padded inputs;
+- the reference model (``engine_config.forward_only``) goes through the same codec -- the actor's bases and
+  masks, found in this process -- when ``kl_ref_forward == "codec"``, else stays dense;
+- a tick's first mini-batch on a fire tick runs ``controller.fire(dense_replay)``: the replay re-runs
+  ``forward_backward_batch`` with the codec in sketch mode and the GRPO loss at ratio one (old log-probs :=
+  the replay's own detached log-probs), then the optimizer applies ``G_dense``. Further mini-batches of a
+  fire tick (only when ``ppo_mini_batch_size`` < the batch) train dense. Other ticks: compressed passes,
+  ``compress_gradients()`` (PowerSGD on FSDP2's ``DTensor`` shards, sign correction), the optimizer step;
+  with the anchor off, tick 0 first calibrates ``Q`` with a dense sketch pass;
+- the tick ends on the mini-batch that carries ``update_lr_scheduler`` (the trainer step's last):
+  ``controller.end_tick()``; its ``comm/*`` and ``anchor/*`` metrics are returned as one-element lists
+  (verl logs them as ``actor/comm/...``; ``commrl.verl_ext.trainer`` renames them);
+- the controller's state is saved and loaded with verl's checkpoints (``commrl_controller_rank<r>.pt``).
+
+A micro-batch's compression session stays open through its backward, so that a layer re-run by gradient
+checkpointing goes through the same codec (same basis, same mask); ``EngineByteLedger`` counts its bytes
+once and sums every data-parallel rank's activation bytes at the end of a tick.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from verl.utils import tensordict_utils as tu
+from verl.utils.device import get_device_id, get_device_name
+from verl.workers.engine import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+from verl.workers.utils.padding import build_attention_mask_from_nested, no_padding_2_padding
+
+from commrl.compression import CompressionPoints, ConfigError, MethodConfig, TwoCircuitController
+from commrl.compression.ledger import ByteLedger
+from commrl.compression.powersgd import local_tensor
+from commrl.verl_ext.config import method_from_env
+
+ACTIVATION_CHANNELS = ("activations_forward", "activations_backward")
+CONTROLLER_FILE = "commrl_controller_rank{rank}.pt"
+_actor_controller: weakref.ReferenceType[TwoCircuitController] | None = None
+
+
+def register_actor_controller(controller: TwoCircuitController) -> None:
+    """Make ``controller`` the one this process's reference engine reads its codec from."""
+    global _actor_controller
+    _actor_controller = weakref.ref(controller)
+
+
+def actor_controller() -> TwoCircuitController | None:
+    """The controller of the actor engine built last in this process (the fused actor/ref worker's actor)."""
+    return _actor_controller() if _actor_controller is not None else None
+
+
+class EngineByteLedger(ByteLedger):
+    """The byte ledger as the engine keeps it: activation bytes of all data-parallel ranks, counted once.
+
+    - Each rank's hooks see only its own tokens; weight updates and basis refreshes are counted at their
+      full shapes on every rank, so at the end of a tick only ``activations_forward``/``_backward`` (with
+      their dense equivalent and anchor share) are summed over ``group``: every rank reports the batch.
+    - Gradient checkpointing re-runs each layer's forward inside the backward; the engine clears
+      ``counting_forward`` once a forward is done, so those re-runs add no forward bytes.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.group, self.device = group, torch.device(device)
+        self.counting_forward = True
+        self._act_dense = self._act_anchor = 0.0
+        self._replaying = False
+
+    def add(self, channel: str, actual: float, dense: float) -> None:
+        if channel == "activations_forward" and not self.counting_forward:
+            return
+        super().add(channel, actual, dense)
+        if channel in ACTIVATION_CHANNELS:
+            self._act_dense += dense
+            if self._replaying:
+                self._act_anchor += actual
+
+    @contextmanager
+    def anchor(self) -> Iterator[None]:
+        with super().anchor():
+            self._replaying = True
+            try:
+                yield
+            finally:
+                self._replaying = False
+
+    def end_tick(self) -> dict[str, float]:
+        if self.group is not None and dist.get_world_size(self.group) > 1:
+            local = [self.tick_bytes[ch] for ch in ACTIVATION_CHANNELS] + [self._act_dense, self._act_anchor]
+            summed = torch.tensor(local, dtype=torch.float64, device=self.device)
+            dist.all_reduce(summed, group=self.group)
+            total = summed.tolist()
+            for i, ch in enumerate(ACTIVATION_CHANNELS):
+                self.tick_bytes[ch] = total[i]
+            self.tick_dense += total[2] - self._act_dense
+            self.tick_anchor += total[3] - self._act_anchor
+        self._act_dense = self._act_anchor = 0.0
+        return super().end_tick()
+
+
+def ratio_one(loss_function: Callable) -> Callable:
+    """The GRPO loss at ratio one (method.md §3.3): ``old_log_probs`` := the pass's own detached log-probs."""
+
+    def loss(model_output: dict, data, dp_group=None):
+        data = data.copy()
+        data["old_log_probs"] = no_padding_2_padding(model_output["log_probs"].detach(), data).to(
+            data["old_log_probs"].dtype
+        )
+        return loss_function(model_output=model_output, data=data, dp_group=dp_group)
+
+    return loss
+
+
+def token_mask(engine: Any, micro_batch) -> Tensor | None:
+    """The (batch, tokens) mask of real tokens in the layout the engine feeds the model; None = all real.
+
+    Padded inputs (``use_remove_padding=False``): verl's attention mask. Packed inputs: None, or the
+    packed row with its bucket padding (``pad_to_length``) marked False.
+    """
+    input_ids = micro_batch["input_ids"]
+    if not tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
+        max_len = int(input_ids.offsets().diff().max().item())
+        return build_attention_mask_from_nested(input_ids=input_ids, max_seq_len=max_len).bool()
+    total = int(input_ids.offsets()[-1].item())
+    pad = engine._get_packed_pad_size(total)
+    if not pad:
+        return None
+    mask = torch.ones(1, total + pad, dtype=torch.bool)
+    mask[0, total:] = False
+    return mask
+
+
+class TwoCircuitEngineMixin:
+    """The two circuits on top of an ``FSDPEngineWithLMHead`` subclass (see the module docstring)."""
+
+    controller: TwoCircuitController | None = None
+    method: MethodConfig | None = None
+
+    # -- building ------------------------------------------------------------------------------------------
+    def _build_fsdp_module(self, module):
+        module = super()._build_fsdp_module(module)
+        self.method = method_from_env()
+        self.controller, self._ref_points = None, None
+        self._pass: str | None = None
+        self._open_session = ExitStack()
+        self._microbatch = 0
+        self._in_tick = False
+        if self.method is None or (self.engine_config.forward_only and self.method.kl_ref_forward == "dense"):
+            return module
+        self._check_layout(module)
+        if self.engine_config.forward_only:
+            self._ref_points = _LazyRefPoints(module)
+            return module
+        self.controller = TwoCircuitController(module, self.method, snapshot_device="cpu")
+        group = self.get_data_parallel_group() if dist.get_world_size() > 1 else None
+        ledger = EngineByteLedger(group, device=_collective_device())
+        self.controller.ledger = self.controller.points.ledger = ledger
+        register_actor_controller(self.controller)
+        return module
+
+    def _check_layout(self, module) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        if isinstance(module, FSDP):
+            raise ConfigError(
+                "actor_rollout_ref.actor.strategy=fsdp (FSDP1) flattens the parameters, which the two "
+                "circuits cannot compress per matrix; set actor_rollout_ref.actor.strategy=fsdp2"
+            )
+        if self.engine_config.ulysses_sequence_parallel_size > 1:
+            raise ConfigError(
+                "ulysses_sequence_parallel_size > 1 splits a sequence's tokens over ranks, which the "
+                "activation codec does not support; set "
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"
+            )
+        if getattr(self.device_mesh, "ndim", 1) > 1:
+            raise ConfigError(
+                "hybrid sharding (fsdp_size < world size) replicates gradient shards, which the sharded "
+                "PowerSGD does not support; set actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"
+            )
+
+    # -- passes ----------------------------------------------------------------------------------------------
+    def infer_batch(self, data, loss_function=None):
+        self._pass, self._microbatch = "infer", 0
+        try:
+            return super().infer_batch(data, loss_function)
+        finally:
+            self._pass = None
+
+    def forward_backward_batch(self, data, loss_function, forward_only=False):
+        try:
+            return super().forward_backward_batch(data, loss_function, forward_only)
+        finally:
+            self._open_session.close()
+
+    def forward_step(self, micro_batch, loss_function, forward_only):
+        """The micro-batch's forward in its compression session, which stays open for its backward."""
+        self._open_session.close()
+        self._open_session.enter_context(self._session(micro_batch))
+        ledger = self._ledger()
+        if ledger is not None:
+            ledger.counting_forward = True
+        try:
+            return super().forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
+        finally:
+            if ledger is not None:
+                ledger.counting_forward = False
+
+    def _ledger(self) -> EngineByteLedger | None:
+        ctrl = self.controller if self._ref_points is None else self._ref_points.controller
+        ledger = ctrl.ledger if ctrl is not None else None
+        return ledger if isinstance(ledger, EngineByteLedger) else None
+
+    def _session(self, micro_batch):
+        """This forward's compression session, by pass; none inside ``fire``/``calibrate`` (theirs is on)."""
+        if self._pass in (None, "replay", "sketch"):
+            return nullcontext()
+        if self._ref_points is not None:
+            j, self._microbatch = self._microbatch, self._microbatch + 1
+            return self._ref_points.session(j, token_mask(self, micro_batch))
+        if self.controller is None:
+            return nullcontext()
+        if self._pass == "dense":
+            return self.controller.dense(token_mask=token_mask(self, micro_batch))
+        j, self._microbatch = self._microbatch, self._microbatch + 1
+        return self.controller.compressed(microbatch_id=j, token_mask=token_mask(self, micro_batch))
+
+    # -- one mini-batch = one optimizer step ---------------------------------------------------------------
+    def train_batch(self, data, loss_function):
+        ctrl = self.controller
+        if ctrl is None:
+            return super().train_batch(data, loss_function)
+        tu.maybe_fix_3d_position_ids(data)
+        first = not self._in_tick
+        if first:
+            self._in_tick, self._microbatch = True, 0
+        extra: dict[str, float] = {}
+        try:
+            if ctrl.is_fire_tick() and first:
+                outputs = {}
+
+                def dense_replay() -> None:
+                    self.optimizer_zero_grad()
+                    outputs.update(self.forward_backward_batch(data, ratio_one(loss_function)))
+
+                self._pass = "replay"
+                extra.update(ctrl.fire(dense_replay))
+            else:
+                if first and ctrl.is_calibration_tick():
+                    self._pass = "sketch"
+                    extra.update(ctrl.calibrate(lambda: self.forward_backward_batch(data, None, True)))
+                fired = ctrl.is_fire_tick()
+                self._pass = "dense" if fired else "compressed"
+                self.optimizer_zero_grad()
+                outputs = self.forward_backward_batch(data, loss_function, forward_only=False)
+                if fired:  # a fire tick's later mini-batches: dense updates
+                    dense = _grad_bytes(ctrl)
+                    ctrl.ledger.add("weights", dense, dense)
+                else:
+                    ctrl.compress_gradients()
+        finally:
+            self._pass = None
+        grad_norm = self.optimizer_step()
+        if tu.get_non_tensor_data(data=data, key="update_lr_scheduler", default=False):
+            extra.update(ctrl.end_tick())
+            self._in_tick = False
+        if self.is_mp_src_rank_with_outputs():
+            outputs["metrics"]["grad_norm"] = grad_norm
+            outputs["metrics"].update({key: [float(value)] for key, value in extra.items()})
+        return outputs
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
+        super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep, **kwargs)
+        if self.controller is not None:
+            path = Path(local_path) / CONTROLLER_FILE.format(rank=dist.get_rank())
+            tmp = path.with_suffix(".tmp")
+            torch.save(self.controller.state_dict(), tmp)
+            os.replace(tmp, path)
+
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=True, **kwargs):
+        path = Path(local_path) / CONTROLLER_FILE.format(rank=dist.get_rank())
+        state = None
+        if self.controller is not None:
+            if not path.exists():
+                raise FileNotFoundError(
+                    f"{path} is missing: checkpoint {local_path} was not written by the two-circuit engine "
+                    "(or with another data-parallel size); resume it with the stock engine or start afresh"
+                )
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        super().load_checkpoint(local_path, hdfs_path, del_local_after_load, **kwargs)
+        if state is not None:
+            self.controller.load_state_dict(state)
+            self._in_tick = False
+
+
+class _LazyRefPoints:
+    """Compression points on the reference model that use the actor controller's codec and ledger.
+
+    The fused worker builds the reference engine before the actor, so the points attach at the first
+    reference forward.
+    """
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.points: CompressionPoints | None = None
+        self.controller: TwoCircuitController | None = None
+
+    def session(self, microbatch: int, mask: Tensor | None):
+        ctrl = actor_controller()
+        if ctrl is None:
+            raise RuntimeError(
+                "the reference model's forward goes through the actor's codec (method.kl_ref_forward=codec), "
+                "but no two-circuit actor engine lives in this process; run the reference inside the actor "
+                "worker (verl's fused actor_rollout_ref worker) or set method.kl_ref_forward=dense"
+            )
+        if self.controller is not ctrl:
+            if self.points is not None:
+                self.points.remove()
+            self.points, self.controller = CompressionPoints(self.module, ctrl.codec, ctrl.ledger), ctrl
+        return self.points.session("compressed", ctrl.tick, microbatch, mask)
+
+
+def _grad_bytes(ctrl: TwoCircuitController) -> float:
+    """Bytes of the full (unsharded) gradients of the controller's parameters."""
+    grads = [p.grad for p in ctrl.params.values() if p.grad is not None]
+    return float(sum(g.numel() * local_tensor(g).element_size() for g in grads))
+
+
+def _collective_device() -> torch.device:
+    """Where a tensor for a collective lives: the accelerator for NCCL, the CPU for gloo."""
+    name = get_device_name()
+    return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
+
+
+
+@EngineRegistry.register(
+    model_type="language_model", backend=["fsdp", "fsdp2"], device="cuda", vendor="nvidia"
+)
+class TwoCircuitFSDPEngine(TwoCircuitEngineMixin, FSDPEngineWithLMHead):
+    """verl's FSDP engine with the two circuits: replaces the stock one on (cuda, nvidia), same strategies."""

@@ -1,0 +1,230 @@
+"""The paper configs (configs/verl/) resolved through verl's own Hydra tree, diffed with docs/method.md §5."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from commrl.compression import ConfigError, MethodConfig
+from commrl.verl_ext import config as vc
+
+REPO = Path(__file__).resolve().parents[2]
+CONDITIONS = ("dense", "method", "no_projection", "anchor_off", "prf_mask", "dropout")
+HUB_IDS = {
+    "Qwen2.5-Math-1.5B": "Qwen/Qwen2.5-Math-1.5B",
+    "DeepSeek-R1-Distill-Qwen-1.5B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+}
+CODECS = {  # method.md §5 "Conditions" in MethodConfig terms
+    "dense": dict(codec="identity", anchor=False),
+    "method": dict(codec="lowrank", grad_codec="powersgd", anchor=True, projection="secant"),
+    "no_projection": dict(codec="lowrank", grad_codec="powersgd", anchor=True, projection="none"),
+    "anchor_off": dict(codec="lowrank", grad_codec="powersgd", anchor=False),
+    "prf_mask": dict(codec="prf_mask", grad_codec="powersgd", anchor=True, projection="secant"),
+    "dropout": dict(codec="identity", grad_codec="none", anchor=False),
+}
+
+
+def method_md() -> dict:
+    """The numbers of method.md §5 (and the validation cadence and KL runs of §6), parsed from the text."""
+    text = (REPO / "docs" / "method.md").read_text()
+    pairs = {}
+    for row in re.findall(r"^\| ([AB]) \|(.+)\|\s*$", text, flags=re.M):
+        cells = [c.strip() for c in row[1].split("|")]
+        model, batch_n, lengths, ticks, read_at = cells[0], cells[3], cells[4], cells[5], cells[6]
+        batch, n = (int(x) for x in re.fullmatch(r"(\d+) x (\d+)", batch_n).groups())
+        prompt, response = (int(x) for x in re.fullmatch(r"(\d+) / (\d+)", lengths).groups())
+        ticks_m = re.fullmatch(r"(\d+)(?: \((\d+) for the KL runs\))?", ticks)
+        pairs[row[0]] = dict(
+            model=model,
+            batch=batch,
+            n=n,
+            prompt=prompt,
+            response=response,
+            ticks=int(ticks_m[1]),
+            kl_ticks=int(ticks_m[2]) if ticks_m[2] else None,
+            read_at=int(read_at),
+        )
+    knobs = re.search(r"rank\s+(\d+),\s+K\s+=\s+h\s+=\s+(\d+),\s+alpha\s+=\s+beta\s+=\s+([\d.]+)", text)
+    kl = re.search(r"KL\s+per\s+tick\s+to\s+(\d+)\s+\(([^)]*)\)", text)
+    return dict(
+        pairs=pairs,
+        rank=int(knobs[1]),
+        cadence=int(knobs[2]),
+        alpha_beta=float(knobs[3]),
+        val_every=int(re.search(r"validation\s+accuracy\s+every\s+(\d+)\s+ticks", text)[1]),
+        kl_conditions=[c.strip() for c in kl[2].split(",")],
+    )
+
+
+def resolve(pair: str, condition: str, extra=(), commrl=()):
+    spec = vc.compose_run(pair, condition, 0, commrl)
+    overrides = vc.run_overrides(
+        spec, Path("/runs/x"), Path("/data"), tracking_uri="sqlite:///m.db", extra=extra
+    )
+    return spec, vc.compose_verl_config(overrides)
+
+
+def test_method_md_parses():
+    """The parser finds both pairs of the table (else the diff below would check nothing)."""
+    spec = method_md()
+    assert set(spec["pairs"]) == {"A", "B"}
+    assert spec["pairs"]["A"]["kl_ticks"] == 150 and spec["kl_conditions"] == [
+        "dense",
+        "method",
+        "dropout",
+        "prf_mask",
+    ]
+
+
+@pytest.mark.parametrize("pair", ["A", "B"])
+def test_paper_configs_match_method_md(pair):
+    """Every condition of the pair, resolved into verl's config, field by field against method.md §5."""
+    spec_md = method_md()
+    want = spec_md["pairs"][pair]
+    for condition in CONDITIONS:
+        spec, cfg = resolve(pair, condition)
+        where = f"{pair}/{condition}"
+        arr = cfg.actor_rollout_ref
+        assert cfg.data.train_batch_size == want["batch"], where
+        assert arr.rollout.n == want["n"], where
+        assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (
+            want["prompt"],
+            want["response"],
+        ), where
+        ticks = (
+            want["kl_ticks"] if want["kl_ticks"] and condition in spec_md["kl_conditions"] else want["ticks"]
+        )
+        assert cfg.trainer.total_training_steps == ticks, where
+        assert cfg.trainer.test_freq == spec_md["val_every"] and cfg.trainer.val_before_train, where
+        assert spec.read_at == want["read_at"], where
+        assert arr.model.path == HUB_IDS[want["model"]], where
+        # one tick = one GRPO update = one optimizer step
+        assert arr.actor.ppo_mini_batch_size == cfg.data.train_batch_size and arr.actor.ppo_epochs == 1, where
+        assert cfg.algorithm.adv_estimator == "grpo" and arr.actor.use_kl_loss, where
+        assert arr.actor.kl_loss_type == "low_var_kl" and arr.actor.strategy == "fsdp2", where
+        method = vc.method_from_env(dict(cfg.ray_kwargs.ray_init.runtime_env.env_vars))
+        assert method.rank == spec_md["rank"] and method.cadence == spec_md["cadence"], where
+        assert method.effective_delay() == spec_md["cadence"], where
+        assert method.alpha == method.beta == spec_md["alpha_beta"], where
+        for field, value in CODECS[condition].items():
+            assert getattr(method, field) == value, (where, field)
+        dropout = arr.model.override_config.get("attention_dropout", 0.0)
+        assert (dropout > 0) == (condition == "dropout"), where
+
+
+def test_driver_keys_are_set():
+    """MLflow naming, the engine, the reward, the legacy trainer, the checkpoint folder and data files."""
+    _spec, cfg = resolve("A", "method")
+    assert list(cfg.trainer.logger) == ["console", "mlflow"]
+    assert (cfg.trainer.project_name, cfg.trainer.experiment_name) == ("commrl/A", "A/method/seed0")
+    assert cfg.actor_rollout_ref.model.external_lib == "commrl.verl_ext"
+    assert Path(cfg.reward.custom_reward_function.path) == REPO / "src" / "commrl" / "rl" / "reward.py"
+    assert cfg.reward.custom_reward_function.name == "compute_score"
+    assert cfg.trainer.use_v1 is False
+    assert cfg.trainer.default_local_dir == "/runs/x/checkpoints"
+    assert (cfg.data.train_files, cfg.data.val_files) == (
+        "/data/math/train.parquet",
+        "/data/math500/test.parquet",
+    )
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.MLFLOW_TRACKING_URI == "sqlite:///m.db"
+    vc.check_verl_config(cfg)  # verl's own validate_config accepts the paper config
+
+
+def test_overrides_route_to_commrl_or_verl_and_win():
+    """method.* goes to commrl's tree, everything else to verl's; both beat the paper config."""
+    commrl, verl = vc.split_overrides(
+        ["method.cadence=10", "trainer.total_training_steps=7", "+x.y=1", "model.path=/m"]
+    )
+    assert commrl == ["method.cadence=10", "model.path=/m"] and verl == [
+        "trainer.total_training_steps=7",
+        "+x.y=1",
+    ]
+    _spec, cfg = resolve(
+        "B", "method", extra=["trainer.total_training_steps=7"], commrl=["method.cadence=10", "model.path=/m"]
+    )
+    assert cfg.trainer.total_training_steps == 7 and cfg.actor_rollout_ref.model.path == "/m"
+    assert vc.method_from_env(dict(cfg.ray_kwargs.ray_init.runtime_env.env_vars)).cadence == 10
+
+
+def test_commrl_keys_are_not_verl_keys():
+    """The routing by first key is unambiguous: none of commrl's top-level keys exists in verl's config."""
+    _, cfg = resolve("A", "dense")
+    assert not set(vc.COMMRL_KEYS) & set(cfg.keys())
+
+
+def test_conditions_agree_with_the_local_driver():
+    """configs/verl/condition/* sets the same method knobs (and dropout rate) as configs/train/condition/*."""
+    for condition in CONDITIONS:
+        ours = yaml.safe_load((REPO / "configs" / "verl" / "condition" / f"{condition}.yaml").read_text())
+        local = yaml.safe_load((REPO / "configs" / "train" / "condition" / f"{condition}.yaml").read_text())
+        assert ours["method"] == local["method"], condition
+        assert ours["attention_dropout"] == local.get("model", {}).get("attention_dropout", 0.0), condition
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (dict(pair="C", condition="method"), "--pair 'C' has no config"),
+        (dict(pair="A", condition="nope"), "choose one of anchor_off, dense, dropout"),
+        (dict(pair="A", condition="method", commrl=["method.rank=0"]), "method.rank=0 is invalid"),
+        (dict(pair="A", condition="method", commrl=["method.kind=x"]), "Could not override 'method.kind'"),
+    ],
+)
+def test_bad_run_settings_are_named(args, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        vc.compose_run(args["pair"], args["condition"], 0, args.get("commrl", ()))
+
+
+def test_unknown_verl_key_is_named():
+    with pytest.raises(ConfigError, match=r"verl rejected an override.*trainer.no_such_key"):
+        resolve("A", "method", extra=["trainer.no_such_key=1"])
+
+
+def test_method_env_round_trip_and_errors():
+    cfg = MethodConfig(codec="prf_mask", rank=16, cadence=5, seed=3)
+    assert vc.method_from_env({vc.METHOD_ENV: vc.method_to_env(cfg)}) == cfg
+    assert vc.method_from_env({}) is None
+    with pytest.raises(ConfigError, match="COMMRL_METHOD is not valid JSON"):
+        vc.method_from_env({vc.METHOD_ENV: "{codec"})
+
+
+def test_hydra_value_survives_compose():
+    """Strings with quotes, braces and commas (the JSON env var) come back unchanged through Hydra."""
+    value = '{"a": "it\'s", "b": [1, 2]}'
+    _, cfg = resolve(
+        "A", "dense", extra=[f"+ray_kwargs.ray_init.runtime_env.env_vars.X={vc.hydra_value(value)}"]
+    )
+    assert value == cfg.ray_kwargs.ray_init.runtime_env.env_vars.X
+    assert vc.hydra_value([1, "a", None, True]) == "[1,'a',null,true]"
+
+
+def test_prepared_data_and_reward_load_through_verls_own_loaders(tmp_path, tiny_model_dir):
+    """The paper config's data section reads `commrl prepare`'s toy parquet in verl's RLHFDataset, and verl's
+    custom-reward loader finds commrl's math-verify reward, which scores a boxed right answer 1."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.trainer.ppo.utils import create_rl_dataset
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from commrl.cli.main import main
+
+    assert main(["prepare", "--dataset", "toy", "--seed", "0", "--out", str(tmp_path / "toy")]) == 0
+    _, cfg = resolve(
+        "A",
+        "method",
+        commrl=[f"model.path={tiny_model_dir}"],
+        extra=[
+            f"data.train_files={tmp_path / 'toy' / 'train.parquet'}",
+            f"data.val_files={tmp_path / 'toy' / 'validation.parquet'}",
+        ],
+    )
+    model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    val = create_rl_dataset(cfg.data.val_files, cfg.data, model.tokenizer, model.processor, is_train=False)
+    row = val[0]
+    assert row["raw_prompt"][0]["role"] == "user" and len(val) > 0
+    truth = row["reward_model"]["ground_truth"]
+    reward = get_custom_reward_fn(cfg)
+    assert reward(row["data_source"], f"so \\boxed{{{truth}}}", truth, row["extra_info"])["score"] == 1.0
+    assert reward(row["data_source"], f"so {truth}", truth, row["extra_info"])["score"] == 0.0

@@ -1,0 +1,213 @@
+"""The two-circuit engine inside verl's real ``ActorRolloutRefWorker`` on CPU (verl_cpu_harness).
+
+Only the GPU is replaced: a CPU platform registered through verl's plugin API, gloo collectives, and a plain
+(non-FSDP) build of ``FSDPEngineWithLMHead`` -- or verl's real FSDP2 engine where marked -- under the same
+commrl mixin that ``TwoCircuitFSDPEngine`` puts on the GPU engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+
+import pytest
+import torch
+
+from commrl.verl_ext import TwoCircuitFSDPEngine
+from commrl.verl_ext.config import method_to_env
+
+DENSE = dict(codec="identity", grad_codec="none", anchor=False, projection="none")
+HALF = 8  # rows per optimizer step: two mini-batches per tick on the 16-row batch
+
+
+def test_registry_resolves_commrl_engine_for_nvidia_gpus(monkeypatch):
+    """With ``commrl.verl_ext`` imported, (cuda, nvidia) resolves to the commrl engine, both strategies."""
+    from verl.workers.engine import EngineRegistry
+
+    monkeypatch.setenv("VERL_ENGINE_DEVICE", "cuda")
+    monkeypatch.setenv("VERL_ENGINE_VENDOR", "nvidia")
+    for backend in ("fsdp", "fsdp2"):
+        assert EngineRegistry.get_engine_cls("language_model", backend) is TwoCircuitFSDPEngine
+
+
+def test_dense_condition_matches_stock_engine_exactly(cpu_verl, tiny_model_dir, method):
+    """Identity codec: verl's stock engine's log-probs, reference log-probs and weights after two updates."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    stock, stock_ref = (cpu_verl.build_worker(cfg, role, "stock") for role in ("actor", "ref"))
+    method(**DENSE)
+    ours, our_ref = (cpu_verl.build_worker(cfg, role, "commrl") for role in ("actor", "ref"))
+    assert cpu_verl.engine_of(ours).controller is not None
+    batch = cpu_verl.training_batch(stock)
+    assert torch.equal(cpu_verl.log_probs(ours, batch), cpu_verl.log_probs(stock, batch))
+    assert torch.equal(
+        cpu_verl.log_probs(our_ref, batch, ref=True), cpu_verl.log_probs(stock_ref, batch, ref=True)
+    )
+
+    stock_hist = cpu_verl.run_ticks(stock, copy.deepcopy(batch), 2, HALF)
+    our_hist = cpu_verl.run_ticks(ours, copy.deepcopy(batch), 2, HALF)
+    theirs, mine = (
+        cpu_verl.full_params(cpu_verl.engine_of(stock)),
+        cpu_verl.full_params(cpu_verl.engine_of(ours)),
+    )
+    assert all(torch.equal(theirs[name], mine[name]) for name in theirs)
+    assert stock_hist[1]["actor/pg_loss"] == our_hist[1]["actor/pg_loss"]
+    assert our_hist[1]["comm/ratio_vs_dense"] == [1.0]
+    assert "comm/bytes_total" not in stock_hist[1]
+
+
+def test_lowrank_changes_log_probs_and_logs_comm_metrics(cpu_verl, tiny_model_dir, method):
+    """lowrank: the log-probs leave the stock ones; each tick returns comm/* and anchor/fire lists."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    stock = cpu_verl.build_worker(cfg, "actor", "stock")
+    method(codec="lowrank", cadence=2)
+    ours = cpu_verl.build_worker(cfg, "actor", "commrl")
+    batch = cpu_verl.training_batch(stock)
+    mask = batch.batch["response_mask"].bool()
+    gap = (cpu_verl.log_probs(ours, batch) - cpu_verl.log_probs(stock, batch))[mask].abs().mean()
+    assert gap > 1e-2
+    history = cpu_verl.run_ticks(ours, batch, 2, HALF)
+    for metrics in history:
+        for key in (
+            "comm/bytes_activations",
+            "comm/bytes_weights",
+            "comm/bytes_total",
+            "comm/bytes_cumulative",
+            "comm/ratio_vs_dense",
+            "anchor/fire",
+        ):
+            assert isinstance(metrics[key], list), key
+    fast = history[1]
+    assert fast["anchor/fire"] == [0.0]
+    assert fast["comm/bytes_total"][0] < 0.6 * fast["comm/bytes_dense"][0]
+    assert history[0]["comm/bytes_anchor"][0] > 0  # tick 0 fires: replay, dense update, basis refresh
+
+
+def test_anchor_fires_at_0_K_2K(cpu_verl, tiny_model_dir, method):
+    """K = 2: fires at ticks 0, 2, 4 (replay at ratio one: ppo_kl = 0), compressed in between; 5 counted."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    method(codec="lowrank", cadence=2)
+    worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+    history = cpu_verl.run_ticks(worker, cpu_verl.training_batch(worker), 5, HALF)
+    assert [m["anchor/fire"][-1] for m in history] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert [m["comm/bytes_basis_refresh"][-1] > 0 for m in history] == [True, False, True, False, True]
+    assert history[2]["anchor/visible_snapshots"] == [1.0]  # h = K: the tick-0 snapshot is visible at tick 2
+    assert history[2]["actor/ppo_kl"][0] == 0.0  # the fire's replay: old log-probs := its own
+    assert cpu_verl.engine_of(worker).controller.tick == 5
+
+
+def test_reference_goes_through_the_actors_codec(cpu_verl, tiny_model_dir, method):
+    """kl_ref_forward=codec: the reference's log-probs equal the actor's compressed ones (same masks)."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    method(codec="prf_mask", anchor=False)
+    actor = cpu_verl.build_worker(cfg, "actor", "commrl")
+    ref = cpu_verl.build_worker(cfg, "ref", "commrl")
+    batch = cpu_verl.training_batch(actor)
+    compressed = cpu_verl.log_probs(actor, batch)
+    assert torch.equal(cpu_verl.log_probs(ref, batch, ref=True), compressed)
+
+    method(codec="prf_mask", anchor=False, kl_ref_forward="dense")
+    dense_ref = cpu_verl.build_worker(cfg, "ref", "commrl")
+    stock_ref = cpu_verl.build_worker(cfg, "ref", "stock")
+    dense = cpu_verl.log_probs(dense_ref, batch, ref=True)
+    assert torch.equal(dense, cpu_verl.log_probs(stock_ref, batch, ref=True))
+    assert not torch.equal(dense, compressed)
+
+
+def test_prf_masks_of_old_and_training_passes_agree(cpu_verl, tiny_model_dir, method):
+    """prf_mask, lr = 0: both mini-batches see the old-log-prob pass's masks, so the ratio is exactly one."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir, extra=("actor_rollout_ref.actor.optim.lr=0.0",))
+    method(codec="prf_mask", anchor=False)
+    worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+    metrics = cpu_verl.run_ticks(worker, cpu_verl.training_batch(worker), 1, HALF)[0]
+    assert len(metrics["actor/ppo_kl"]) == 2
+    assert metrics["actor/ppo_kl"] == [0.0, 0.0]
+    assert metrics["actor/pg_clipfrac"] == [0.0, 0.0]
+
+
+def test_anchor_off_calibrates_the_basis_once(cpu_verl, tiny_model_dir, method):
+    """anchor_off: tick 0 refreshes Q from a dense sketch, later ticks keep it; no fire, no dense memory."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    method(codec="lowrank", anchor=False, projection="none")
+    worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+    ctrl = cpu_verl.engine_of(worker).controller
+    initial = [q.clone() for q in ctrl.codec.bases]
+    batch = cpu_verl.training_batch(worker)
+    cpu_verl.run_ticks(worker, batch, 1, HALF)
+    calibrated = [q.clone() for q in ctrl.codec.bases]
+    history = cpu_verl.run_ticks(worker, batch, 2, HALF)
+    assert not any(torch.equal(a, b) for a, b in zip(initial, calibrated, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(calibrated, ctrl.codec.bases, strict=True))
+    assert [m["anchor/fire"][-1] for m in history] == [0.0, 0.0]
+    assert not ctrl.memory
+
+
+def test_checkpoint_resume_is_bit_identical(cpu_verl, tiny_model_dir, method, tmp_path):
+    """FSDP2 engine: save after 3 ticks, load into a fresh worker; tick 4: identical weights and bytes."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir, strategy="fsdp2")
+    method(codec="lowrank", cadence=2)
+    first = cpu_verl.build_worker(cfg, "actor", "commrl")
+    batch = cpu_verl.training_batch(first)
+    cpu_verl.run_ticks(first, batch, 3, HALF)
+    ckpt = tmp_path / "global_step_3" / "actor"
+    first.save_checkpoint(str(ckpt), global_step=3)
+    assert (ckpt / "commrl_controller_rank0.pt").exists()
+    second = cpu_verl.build_worker(cfg, "actor", "commrl")
+    second.load_checkpoint(str(ckpt))
+    assert cpu_verl.engine_of(second).controller.tick == 3
+    a = cpu_verl.run_ticks(first, copy.deepcopy(batch), 1, HALF)[0]
+    b = cpu_verl.run_ticks(second, copy.deepcopy(batch), 1, HALF)[0]
+    pa, pb = cpu_verl.full_params(cpu_verl.engine_of(first)), cpu_verl.full_params(cpu_verl.engine_of(second))
+    assert all(torch.equal(pa[name], pb[name]) for name in pa)
+    assert a["comm/bytes_cumulative"] == b["comm/bytes_cumulative"]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_fsdp2_give_the_unsharded_result(cpu_verl, tiny_model_dir, method, tmp_path):
+    """method (lowrank + PowerSGD + sign memory + anchor, K = 2), 3 ticks: verl's FSDP2 engine on two gloo
+    ranks (DTensor gradient shards, sketches and PowerSGD factors all-reduced) against the plain engine on
+    one rank with the whole batch. SGD, so that the weights show the gradients (Adam turns float noise in
+    ~0 entries into whole steps)."""
+    cfg = method(codec="lowrank", cadence=2, grad_rank=4)
+    sgd = ("actor_rollout_ref.actor.optim.optimizer=SGD", "actor_rollout_ref.actor.optim.lr=0.5")
+    out = tmp_path / "rank0.pt"
+    ctx = multiprocessing.get_context("spawn")
+    args = (str(tmp_path / "store"), str(tiny_model_dir), method_to_env(cfg), 3, str(out), sgd)
+    procs = [ctx.Process(target=cpu_verl.sharded_run, args=(rank, 2, *args)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    worker = cpu_verl.build_worker(
+        cpu_verl.actor_rollout_ref_config(tiny_model_dir, extra=sgd), "actor", "commrl"
+    )
+    initial = cpu_verl.full_params(cpu_verl.engine_of(worker))
+    history = cpu_verl.run_ticks(worker, cpu_verl.training_batch(worker), 3, cpu_verl.BATCH)
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    sharded = torch.load(out, weights_only=False)
+    whole = cpu_verl.full_params(cpu_verl.engine_of(worker))
+    moved = max(float((whole[name] - initial[name]).abs().max()) for name in whole)
+    assert moved > 1e-3
+    for name, value in whole.items():
+        torch.testing.assert_close(sharded["params"][name], value, atol=1e-5, rtol=1e-4, msg=name)
+    for tick in range(3):  # lists: one entry per data-parallel rank; bytes summed over the ranks' tokens
+        for key in ("comm/bytes_weights", "comm/bytes_activations", "anchor/fire"):
+            assert set(sharded["history"][tick][key]) == set(history[tick][key]), (tick, key)
+
+
+@pytest.mark.parametrize("codec", ["lowrank", "prf_mask"])
+def test_gradient_checkpointing_changes_nothing(cpu_verl, tiny_model_dir, method, codec):
+    """HF gradient checkpointing re-runs each layer in the backward: the codec must be re-applied there
+    (same basis, same mask) and its bytes not counted twice -- identical weights and ledger either way."""
+    method(codec=codec, cadence=2)
+    runs = []
+    for checkpointing in (False, True):
+        extra = (f"actor_rollout_ref.model.enable_gradient_checkpointing={checkpointing}",)
+        cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir, extra=extra)
+        worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+        history = cpu_verl.run_ticks(worker, cpu_verl.training_batch(worker), 2, HALF)
+        runs.append((cpu_verl.full_params(cpu_verl.engine_of(worker)), history))
+    (plain, plain_hist), (ckpt, ckpt_hist) = runs
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], atol=1e-6, rtol=1e-5, msg=name)
+    for tick in range(2):
+        assert ckpt_hist[tick]["comm/bytes_activations"] == plain_hist[tick]["comm/bytes_activations"], tick
