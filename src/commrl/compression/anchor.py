@@ -25,7 +25,7 @@ shards.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from commrl.compression.activation import (
     IdentityCodec,
     LowRankActivationCodec,
     PRFMaskActivationCodec,
+    lowrank_project,
 )
 from commrl.compression.config import MethodConfig
 from commrl.compression.hooks import CompressionPoints, decoder_layers
@@ -51,6 +52,9 @@ from commrl.compression.projection import (
     snapshots_needed,
 )
 from commrl.compression.sign_memory import DenseMemory, sign_correct_
+
+
+SAMPLER_STREAM = 2**31 - 1  # PRF micro-batch id reserved for the sampler's own masks
 
 
 def build_codec(cfg: MethodConfig, hidden: int, num_points: int) -> ActivationCodec:
@@ -86,6 +90,7 @@ class TwoCircuitController:
         self.codec = build_codec(cfg, self.hidden, len(layers))
         self.ledger = ByteLedger()
         self.points = CompressionPoints(model, self.codec, self.ledger)
+        self.attached: list[CompressionPoints] = []
         self.powersgd = (
             PowerSGD(cfg.effective_grad_rank(), cfg.min_compression_rate, cfg.seed)
             if cfg.grad_codec == "powersgd"
@@ -109,17 +114,45 @@ class TwoCircuitController:
         """Anchor off, ``t = 0``, and a codec with a basis to calibrate (``lowrank``)."""
         return not self.cfg.anchor and self._tick == 0 and isinstance(self.codec, LowRankActivationCodec)
 
+    def attach(self, module: nn.Module) -> None:
+        """Put the same compression points (same codec, bases and ledger) on another model of the same
+        shape, e.g. the frozen reference policy, whose forward then goes through the actor's codec
+        (method.md §1.5, ``kl_ref_forward: codec``). ``compressed()`` and ``dense()`` cover it too."""
+        if int(module.config.hidden_size) != self.hidden or len(decoder_layers(module)) != len(self.points):
+            raise ValueError("attach() needs a model with the controller's hidden size and number of layers")
+        self.attached.append(CompressionPoints(module, self.codec, self.ledger))
+
+    @contextmanager
+    def _session(self, mode: str, microbatch: int, token_mask: Tensor | None) -> Iterator[None]:
+        with ExitStack() as stack:
+            for points in (self.points, *self.attached):
+                stack.enter_context(points.session(mode, self._tick, microbatch, token_mask))
+            yield
+
     @contextmanager
     def compressed(self, microbatch_id: int = 0, token_mask: Tensor | None = None) -> Iterator[None]:
         """Forward (and backward) through the activation codec; same ``microbatch_id`` => same PRF mask."""
-        with self.points.session("compressed", self._tick, microbatch_id, token_mask):
+        with self._session("compressed", microbatch_id, token_mask):
             yield
 
     @contextmanager
     def dense(self, token_mask: Tensor | None = None) -> Iterator[None]:
         """An uncompressed forward (counted as dense bytes)."""
-        with self.points.session("dense", self._tick, 0, token_mask):
+        with self._session("dense", 0, token_mask):
             yield
+
+    def sampler_codec_fn(self) -> Callable[[int, Tensor], Tensor] | None:
+        """The codec as a sampler applies it to one layer's residual stream ``A`` (``[tokens, d]``), with
+        the current bases; None for the identity codec. For ``prf_mask`` the sampler's masks come from
+        their own key stream (``microbatch = SAMPLER_STREAM``): unbiased, but not the trainer's draws."""
+        codec = self.codec
+        if isinstance(codec, LowRankActivationCodec):
+            bases = [Q.detach().clone() for Q in codec.bases]
+            return lambda point, A: lowrank_project(A, bases[point].to(device=A.device, dtype=A.dtype))
+        if isinstance(codec, PRFMaskActivationCodec):
+            tick = self._tick
+            return lambda point, A: codec.apply(A, point, tick, SAMPLER_STREAM)
+        return None
 
     def _grads(self) -> dict[str, Tensor]:
         return {name: p.grad for name, p in self.params.items() if p.grad is not None}
@@ -299,8 +332,9 @@ class TwoCircuitController:
         self.ledger.load_state_dict(state["ledger"])
 
     def remove(self) -> None:
-        """Detach the hooks from the model."""
-        self.points.remove()
+        """Detach the hooks from the model (and from attached models)."""
+        for points in (self.points, *self.attached):
+            points.remove()
 
 
 def _dense_bytes(grads: dict[str, Tensor]) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+SCHEMA_NAME = "commrl_train_schema"  # the structured schema the Hydra tree starts from (configs/train)
 CONDITIONS = ("dense", "method", "no_projection", "anchor_off", "prf_mask", "dropout", "method_same_sampler")
 
 
@@ -69,7 +70,7 @@ class RLConfig:
     micro_batch_size: int = 64  # sequences per forward/backward
     lr: float = 1e-4
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW
     grad_clip: float = 1.0
     clip_ratio: float = 0.2
     kl_coef: float = 0.001
@@ -230,10 +231,10 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{name}={value!r} must be a string")
         return value
-    if isinstance(default, tuple):
-        if not isinstance(value, Sequence) or len(value) != len(default):
+    if isinstance(default, list):
+        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != len(default):
             raise ConfigError(f"{name}={value!r} must be a list of {len(default)} numbers")
-        return tuple(float(v) for v in value)
+        return [float(v) for v in value]
     return value
 
 
@@ -272,6 +273,9 @@ def compose_train_config(overrides: Sequence[str] = (), config_dir: Path | None 
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
     directory = (config_dir or default_config_dir()).resolve()
     try:
         with initialize_config_dir(config_dir=str(directory), version_base="1.3", job_name="commrl_train"):

@@ -164,7 +164,7 @@ class LocalTrainer:
         self.ctrl = TwoCircuitController(self.model, self.method)
         self.ctrl.attach(self.ref)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.rl.lr, betas=cfg.rl.betas, weight_decay=cfg.rl.weight_decay
+            self.model.parameters(), lr=cfg.rl.lr, betas=tuple(cfg.rl.betas), weight_decay=cfg.rl.weight_decay
         )
         data_dir = Path(cfg.data.dir)
         self.train_set = load_prompts(data_dir / cfg.data.train_file, self.tokenizer)
@@ -316,8 +316,9 @@ class LocalTrainer:
     def _log_probs(self, model, batch: RolloutBatch, mode: str) -> torch.Tensor:
         """Log-probs over the whole batch in fixed micro-batches.
 
-        mode: ``compressed`` (through the codec), ``dense``, or ``as_is`` (the controller's current mode, for
-        its calibration pass).
+        mode: ``compressed`` (through the codec), ``dense`` (uncompressed, counted by the ledger) or
+        ``plain`` (no session of the driver's own: the controller's calibration sketch, or an uncounted
+        diagnostic pass).
         """
         model.eval()
         parts = []
@@ -344,7 +345,7 @@ class LocalTrainer:
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
                 lp = response_log_probs(self.model, mb, self.cfg.sampler.temperature)
                 loss, m = grpo.grpo_loss(self.actor_cfg, lp, lp.detach(), ref_dense[rows], adv[rows], mb.response_mask)
-                check_finite(float(loss), self._step)
+                check_finite(float(loss.detach()), self._step)
                 loss.backward()
                 for k, v in m.items():
                     acc.setdefault(k, []).append(v)
@@ -364,7 +365,7 @@ class LocalTrainer:
                 with self.ctrl.compressed(microbatch_id=mb_id, token_mask=mb.attention_mask.bool()):
                     lp = response_log_probs(self.model, mb, self.cfg.sampler.temperature)
                     loss, m = grpo.grpo_loss(self.actor_cfg, lp, old[rows], ref[rows], adv[rows], mb.response_mask)
-                    check_finite(float(loss), self._step)
+                    check_finite(float(loss.detach()), self._step)
                     loss.backward()
                 for k, v in m.items():
                     acc.setdefault(k, []).append(v)
@@ -384,7 +385,7 @@ class LocalTrainer:
         old = self._log_probs(self.model, batch, "compressed")
         ref_mode = "compressed" if self.method.kl_ref_forward == "codec" else "dense"
         ref = self._log_probs(self.ref, batch, ref_mode)
-        ref_dense = ref if ref_mode == "dense" else self._log_probs(self.ref, batch, "dense")
+        ref_dense = ref if ref_mode == "dense" else self._log_probs(self.ref, batch, "plain")
         grpo.set_global_batch(self.actor_cfg, mask)
         metrics: dict[str, float] = {
             "score/mean": float(scores.mean()),
@@ -404,7 +405,7 @@ class LocalTrainer:
             metrics.update(replay_metrics)
         else:
             if self.ctrl.is_calibration_tick():
-                self.ctrl.calibrate(lambda: self._log_probs(self.model, batch, "as_is"))
+                self.ctrl.calibrate(lambda: self._log_probs(self.model, batch, "plain"))
             metrics.update(self._fast_update(batch, adv, old, ref))
         metrics.pop("actor/kl_loss_minibatch", None)
         metrics.update(self.ctrl.end_tick())

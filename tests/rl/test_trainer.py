@@ -1,0 +1,121 @@
+"""The local driver end to end on a small random policy: metrics, anchor cadence, MLflow, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import overrides
+
+from commrl import tracking
+from commrl.rl.config import ConfigError, load_train_config
+from commrl.rl.trainer import LocalTrainer
+
+
+def _history(uri: str, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in tracking.client(uri).get_metric_history(run_id, key))
+
+
+def test_bad_config_is_rejected_before_any_model_loads(tmp_path):
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "commrl.cli.main", "train", "rl.clip_ratio=1.5", f"out_dir={tmp_path}"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 1
+    assert "rl.clip_ratio=1.5" in proc.stderr and "allowed" in proc.stderr
+    assert not any(tmp_path.iterdir())
+    assert time.perf_counter() - start < 60
+    with pytest.raises(ConfigError, match="model.path"):
+        LocalTrainer(load_train_config([f"model.path={tmp_path / 'nope'}", f"out_dir={tmp_path}"])).train()
+
+
+def test_dense_run_logs_one_value_per_tick_and_agrees_with_its_sampler(tmp_path, toy_data, small_model):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_train_config(overrides(small_model, toy_data, tmp_path / "run", uri, "condition=dense"))
+    result = LocalTrainer(cfg).train()
+    assert result.complete and result.ticks_trained == 4
+    run = tracking.client(uri).get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["condition"] == "dense" and run.data.tags["kind"] == "train"
+    for key in ("score/mean", "actor/kl_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss",
+                "actor/grad_norm", "mismatch/logprob_corr", "mismatch/prob_gap", "comm/bytes_total",
+                "comm/ratio_vs_dense", "time/step_s", "time/sample_s", "time/train_s", "health/alarm"):
+        assert _history(uri, result.mlflow_run_id, key) == [1, 2, 3, 4], key
+    assert _history(uri, result.mlflow_run_id, "val/acc") == [0, 2, 4]
+    metrics = run.data.metrics
+    assert metrics["mismatch/logprob_corr"] > 0.9999  # same weights, same computation
+    assert metrics["mismatch/prob_gap"] < 1e-4
+    assert metrics["mismatch/async_clip_frac_eps0.2"] == 0.0
+    assert metrics["comm/ratio_vs_dense"] == pytest.approx(1.0)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ticks_trained"] == summary["ticks_asked"] == 4
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def test_method_fires_the_anchor_on_cadence_and_compresses(tmp_path, toy_data, small_model):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_train_config(overrides(small_model, toy_data, tmp_path / "run", uri, "condition=method"))
+    result = LocalTrainer(cfg).train()
+    client = tracking.client(uri)
+    fires = {m.step: m.value for m in client.get_metric_history(result.mlflow_run_id, "anchor/fire")}
+    assert fires == {1: 1.0, 2: 0.0, 3: 1.0, 4: 0.0}  # ticks 0 and K = 2
+    ratio = client.get_run(result.mlflow_run_id).data.metrics["comm/ratio_vs_dense"]
+    assert ratio < 1.0
+    corr = {m.step: m.value for m in client.get_metric_history(result.mlflow_run_id, "mismatch/logprob_corr")}
+    assert min(corr.values()) < 0.999  # the trainer scores through rank-4 activations, the sampler does not
+
+
+def test_sampler_codec_same_closes_the_gap(tmp_path, toy_data, small_model):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_train_config(
+        overrides(small_model, toy_data, tmp_path / "run", uri, "condition=method_same_sampler", "rl.ticks=2",
+                  "rl.read_at=2")
+    )
+    result = LocalTrainer(cfg).train()
+    corr = tracking.client(uri).get_metric_history(result.mlflow_run_id, "mismatch/logprob_corr")
+    assert min(m.value for m in corr) > 0.999
+
+
+def _train_cmd(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "commrl.cli.main", "train", *args]
+
+
+def test_kill_then_rerun_resumes_with_exactly_one_value_per_tick(tmp_path, toy_data, small_model):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = overrides(small_model, toy_data, tmp_path / "run", uri, "condition=method", "rl.ticks=8",
+                     "rl.read_at=8", "checkpoint.every=2")
+    env = {**os.environ, "COMMRL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(_train_cmd(args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = tmp_path / "run" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (ckpts / "tick_000004").is_dir():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (ckpts / "tick_000004").is_dir(), "the run never reached its second checkpoint"
+    assert not (tmp_path / "run" / "summary.json").exists()
+    rerun = subprocess.run(_train_cmd(args), env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    run_id = json.loads((tmp_path / "run" / "summary.json").read_text())["mlflow_run_id"]
+    assert (tmp_path / "run" / "mlflow_run_id").read_text().strip() == run_id
+    for key in ("score/mean", "actor/kl_loss", "comm/bytes_cumulative", "time/step_s", "anchor/fire"):
+        assert _history(uri, run_id, key) == list(range(1, 9)), key
+    assert _history(uri, run_id, "val/acc") == [0, 2, 4, 6, 8]
+
+    straight = tmp_path / "straight"
+    args2 = [a if not a.startswith("out_dir=") else f"out_dir={straight}" for a in args]
+    args2 = [a if not a.startswith("tracking.uri=") else "tracking.enabled=false" for a in args2]
+    assert subprocess.run(_train_cmd(args2), env=env, capture_output=True).returncode == 0
+    from safetensors.torch import load_file
+
+    resumed = load_file(tmp_path / "run" / "final" / "model.safetensors")
+    uninterrupted = load_file(straight / "final" / "model.safetensors")
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
