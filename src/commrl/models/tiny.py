@@ -49,8 +49,8 @@ class TinyModelShape:
         head = self.hidden_size // self.num_attention_heads
         if head not in VLLM_CPU_HEAD_SIZES:
             raise ValueError(
-                f"head size hidden_size/num_attention_heads = {head} is not one vLLM's CPU attention supports "
-                f"{VLLM_CPU_HEAD_SIZES}; change model.hidden_size or model.num_attention_heads"
+                f"head size hidden_size/num_attention_heads = {head} is not one vLLM's CPU attention supports"
+                f" {VLLM_CPU_HEAD_SIZES}; change model.hidden_size or model.num_attention_heads"
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("model.num_attention_heads must be a multiple of model.num_key_value_heads")
@@ -58,7 +58,11 @@ class TinyModelShape:
 
 def byte_level_alphabet() -> list[str]:
     """GPT-2's byte-to-unicode map, in byte order: the 256 printable stand-ins for raw bytes."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     mapping, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -90,7 +94,9 @@ def build_char_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast
     return hf_tok
 
 
-def build_tiny_model(shape: TinyModelShape, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCausalLM:
+def build_tiny_model(
+    shape: TinyModelShape, tokenizer: PreTrainedTokenizerFast, seed: int = 0
+) -> Qwen2ForCausalLM:
     """A randomly initialised fp32 ``Qwen2ForCausalLM`` of the given shape (deterministic by seed)."""
     config = Qwen2Config(
         vocab_size=len(tokenizer),

@@ -1,0 +1,78 @@
+"""``commrl pretrain``: the tiny base policy, pretrained on the toy task, saved as an HF model directory.
+
+Writes ``OUT/`` (model, tokenizer) and ``OUT/base_accuracy.json`` (greedy validation accuracy, T=1 pass
+rate, steps, seconds, seed). Exits 1 when the greedy accuracy did not land in ``[--target-acc,
+--max-acc]`` within ``--max-steps`` (the directory is still written, so the run can be inspected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from commrl.models.pretrain import PretrainConfig
+
+    d = PretrainConfig()
+    parser.add_argument(
+        "--data", required=True, help="toy dataset directory (`commrl prepare --dataset toy`)"
+    )
+    parser.add_argument("--out", required=True, help="model directory to write")
+    parser.add_argument(
+        "--seed", type=int, default=d.seed, help="model init and data order (default %(default)s)"
+    )
+    parser.add_argument("--max-steps", type=int, default=d.max_steps, help="step limit (default %(default)s)")
+    parser.add_argument(
+        "--target-acc",
+        type=float,
+        default=d.target_acc,
+        help="stop once greedy validation accuracy reaches this (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-acc",
+        type=float,
+        default=d.max_acc,
+        help="upper edge of the accuracy window; a jump past it is landed back (default %(default)s)",
+    )
+    parser.add_argument(
+        "--label-noise",
+        type=float,
+        default=d.label_noise,
+        help="fraction of training targets made deliberately wrong (default %(default)s)",
+    )
+    parser.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="(default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from commrl.data.schema import DataError
+    from commrl.models.pretrain import PretrainConfig, pretrain
+
+    try:
+        cfg = PretrainConfig(
+            seed=args.seed,
+            max_steps=args.max_steps,
+            target_acc=args.target_acc,
+            max_acc=args.max_acc,
+            label_noise=args.label_noise,
+            lr=args.lr,
+            batch_size=args.batch_size,
+        ).validate()
+        result = pretrain(args.data, args.out, cfg)
+    except (DataError, ValueError) as err:
+        print(f"commrl pretrain: error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"base policy -> {args.out}: greedy validation acc {result['greedy_acc']:.3f}, "
+        f"T=1 pass rate {result['pass_rate_t1']:.3f}, {result['steps']} steps, {result['seconds']:.0f} s"
+    )
+    if not result["in_window"]:
+        print(
+            f"commrl pretrain: greedy exact match {result['greedy_exact_match']:.3f} is outside "
+            f"[--target-acc {cfg.target_acc}, --max-acc {cfg.max_acc}] after {result['steps']} steps; "
+            "raise --max-steps (below the window) or widen the window (above it)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
