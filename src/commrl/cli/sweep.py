@@ -1,0 +1,128 @@
+"""``commrl sweep``: Optuna sweeps of the method's knobs, in three steps.
+
+    commrl sweep init    --config configs/sweep/tiny.yaml [--study tiny-method] [--out init.json]
+    commrl sweep worker  --config configs/sweep/tiny.yaml [--study tiny-method] --worker 0 [--out w0.json]
+    commrl sweep summary --config configs/sweep/tiny.yaml [--study tiny-method] --out SUMMARY_DIR
+
+``init`` creates the study and its MLflow parent run once (a second call is a no-op); start any number of
+``worker``s afterwards, rerun them after a crash or preemption (they do only what is left); ``summary``
+writes best_params.json, trials.csv, importances.json and the plots. The study name defaults to
+``<pair>-<condition>``. Exit status: 0 done, 1 a bad config or an unusable study (the message says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+COMMANDS = {
+    "init": "create the study, enqueue the defaults and the MLflow parent run (once)",
+    "worker": "run trials until the study's budget is used",
+    "summary": "best params, trials table, importances and plots of a study",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="{init,worker,summary}")
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument(
+            "--config", required=True, type=Path, help="the sweep config, e.g. configs/sweep/tiny.yaml"
+        )
+        p.add_argument("--study", default=None, help="study name (default: <pair>-<condition>)")
+        if name == "worker":
+            p.add_argument(
+                "--worker", type=int, default=0, help="worker index: its sampler seed is seed + index"
+            )
+        p.add_argument(
+            "--out",
+            type=Path,
+            required=name == "summary",
+            help="summary: the output folder; init/worker: a JSON record of what was done",
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from commrl.sweep.config import load_sweep_config
+    from commrl.sweep.space import SweepConfigError
+    from commrl.sweep.study import SweepError
+
+    try:
+        cfg = load_sweep_config(args.config)
+        study = args.study or f"{cfg.pair}-{cfg.condition}"
+        if args.action == "init":
+            return _init(cfg, study, args.out)
+        if args.action == "worker":
+            if args.worker < 0:
+                raise SweepConfigError(f"--worker={args.worker} must be >= 0")
+            return _worker(cfg, study, args.worker, args.out)
+        return _summary(cfg, study, args.out)
+    except (SweepConfigError, SweepError) as err:
+        print(f"commrl sweep {args.action}: {err}", file=sys.stderr)
+        return 1
+
+
+def _init(cfg, study: str, out: Path | None) -> int:
+    from commrl.sweep.study import init_study
+    from commrl.sweep.summary import dashboard_hint
+    from commrl.sweep.trial_config import check_trials
+
+    check_trials(cfg)
+    record = init_study(cfg, study)
+    what = "created" if record["created"] else "already there (nothing changed)"
+    print(
+        f"study {study!r} in {cfg.storage.location}: {what}; "
+        f"MLflow parent run {record['mlflow_parent_run_id']}"
+    )
+    print(dashboard_hint(cfg))
+    if out:
+        _write_json(out, record)
+    return 0
+
+
+def _worker(cfg, study: str, worker: int, out: Path | None) -> int:
+    from commrl.sweep.worker import run_worker
+
+    record = run_worker(cfg, study, worker)
+    print(
+        f"worker {worker}: ran trials {[t['number'] for t in record['trials']]}; "
+        f"study {study!r} has {record['finished']}/{record['n_trials']} finished trials"
+    )
+    if out:
+        _write_json(out, record)
+    return 0
+
+
+def _summary(cfg, study: str, out: Path) -> int:
+    from commrl.sweep.summary import summarize
+
+    best = summarize(cfg, study, out)
+    if best["best_params"] is None:
+        print(f"study {study!r}: no complete trial yet ({best['states']})")
+    else:
+        print(
+            f"study {study!r}: best val/acc {best['best_value']:.4f} at trial {best['best_trial']} "
+            f"with {best['best_params']}"
+        )
+    print(f"summary written to {out}")
+    print(best["dashboard"])
+    return 0
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` atomically (a temporary file renamed over ``path``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,12 @@
+"""Optuna sweeps of the method's knobs (rank, alpha, beta, anchor cadence) on one pair.
+
+``config`` reads ``configs/sweep/<pair>.yaml``; ``space`` is the search space; ``storage`` and ``heartbeat``
+keep a study resumable across workers, nodes and crashes; ``study`` creates it once (``commrl sweep init``);
+``worker`` runs trials (``objective`` for one trial, ``verl_driver`` for the paper pairs); ``summary``
+writes the best params, the trials table, importances and plots. The CLI is ``commrl.cli.sweep``.
+"""
+
+from commrl.sweep.config import SweepConfig, load_sweep_config
+from commrl.sweep.space import SearchSpace, SweepConfigError
+
+__all__ = ["SearchSpace", "SweepConfig", "SweepConfigError", "load_sweep_config"]

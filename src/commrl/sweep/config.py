@@ -1,0 +1,264 @@
+"""A sweep's configuration file (``configs/sweep/<pair>.yaml``), read and checked in full before any trial.
+
+The objective is fixed: the validation accuracy (``val/acc``) at ``read_at``, maximised; every validation
+before it is an intermediate value for the pruner (step = tick). Unknown keys and bad values raise
+``SweepConfigError`` naming the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from commrl.sweep.space import SearchSpace, SweepConfigError
+
+DRIVERS = ("local", "verl")
+SAMPLERS = ("tpe", "random")
+PRUNERS: dict[str, dict[str, tuple[type, float]]] = {
+    # name -> {option: (type, smallest allowed value)}
+    "none": {},
+    "median": {"n_startup_trials": (int, 0), "n_warmup_steps": (int, 0), "interval_steps": (int, 1)},
+    "hyperband": {"min_resource": (int, 1), "max_resource": (int, 1), "reduction_factor": (int, 2)},
+    "threshold": {"lower": (float, 0.0), "n_warmup_steps": (int, 0)},
+}
+REQUIRED = (
+    "pair", "condition", "driver", "n_trials", "n_workers", "ticks", "val_every", "read_at", "storage",
+    "space", "defaults",
+)
+# keys of the training config that the sweep sets itself (local driver, cluster driver)
+RESERVED_OVERRIDES = (
+    "pair", "condition", "seed", "out_dir", "rl.ticks", "rl.val_every", "rl.read_at",
+    "ticks", "ticks_by_condition", "read_at", "val_every",
+)
+TOP_KEYS = (*REQUIRED, "seed", "heartbeat", "sampler", "pruner", "train_overrides")
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """Where the study lives: an RDB URL (sqlite, PostgreSQL, MySQL) or a journal file (``*.journal``)."""
+
+    kind: str  # rdb | journal
+    location: str  # the URL, or the journal file's path
+
+    @classmethod
+    def parse(cls, value: Any) -> StorageSpec:
+        if not isinstance(value, str) or not value:
+            raise SweepConfigError(f"storage={value!r} must be a non-empty string")
+        if "://" in value:
+            return cls("rdb", value)
+        if value.endswith(".journal"):
+            return cls("journal", value)
+        raise SweepConfigError(
+            f"storage={value!r} is neither an RDB URL nor a journal file; give "
+            "sqlite:///results/optuna/<pair>.db "
+            "(one machine), postgresql://USER@HOST/DB, or a path ending in .journal (several nodes)"
+        )
+
+    @property
+    def dashboard_target(self) -> str:
+        """What ``optuna-dashboard`` takes to open this storage."""
+        return self.location
+
+
+@dataclass(frozen=True)
+class HeartbeatConfig:
+    """Stale-trial detection: a RUNNING trial without a heartbeat for ``grace`` s is failed and retried."""
+
+    interval: int = 60
+    grace: int = 600
+    max_retry: int = 2
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    name: str = "tpe"
+    seed: int = 0  # worker w samples with seed + w: the same seed in every worker duplicates trials
+    n_startup_trials: int = 4
+
+
+@dataclass(frozen=True)
+class PrunerConfig:
+    name: str = "median"
+    options: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    pair: str
+    condition: str
+    driver: str
+    n_trials: int
+    n_workers: int
+    ticks: int
+    val_every: int
+    read_at: int
+    storage: StorageSpec
+    space: SearchSpace
+    defaults: dict[str, Any]
+    seed: int = 0
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    pruner: PrunerConfig = PrunerConfig()
+    train_overrides: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> SweepConfig:
+        if not isinstance(raw, Mapping):
+            raise SweepConfigError("a sweep config must be a mapping (see configs/sweep/tiny.yaml)")
+        unknown = sorted(set(raw) - set(TOP_KEYS))
+        if unknown:
+            raise SweepConfigError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_KEYS)}")
+        missing = [k for k in REQUIRED if k not in raw]
+        if missing:
+            raise SweepConfigError(f"missing key(s) {', '.join(missing)}")
+        for key in ("pair", "condition"):
+            if not isinstance(raw[key], str) or not raw[key]:
+                raise SweepConfigError(f"{key}={raw[key]!r} must be a non-empty string")
+        if raw["driver"] not in DRIVERS:
+            raise SweepConfigError(f"driver={raw['driver']!r} is not one of {', '.join(DRIVERS)}")
+        ints = {k: _int(k, raw[k], 1) for k in ("n_trials", "n_workers", "ticks", "val_every", "read_at")}
+        if ints["read_at"] > ints["ticks"]:
+            raise SweepConfigError(
+                f"read_at={ints['read_at']} is after the last tick (ticks={ints['ticks']}); lower it"
+            )
+        if ints["read_at"] % ints["val_every"] and ints["read_at"] != ints["ticks"]:
+            raise SweepConfigError(
+                f"read_at={ints['read_at']} is not a validation tick "
+                f"(a multiple of val_every={ints['val_every']}, "
+                f"or ticks={ints['ticks']}); the objective is read there"
+            )
+        space = SearchSpace.from_dict(raw["space"])
+        overrides = raw.get("train_overrides", [])
+        if (
+            not isinstance(overrides, Sequence)
+            or isinstance(overrides, str)
+            or not all(isinstance(o, str) and "=" in o for o in overrides)
+        ):
+            raise SweepConfigError(f"train_overrides={overrides!r} must be a list of key=value strings")
+        reserved = {*RESERVED_OVERRIDES, *(f"method.{n}" for n in space.names)}
+        keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+        clash = [o for o, k in zip(overrides, keys, strict=True) if reserved & {k, k.split(".")[0]}]
+        if clash:
+            raise SweepConfigError(
+                f"train_overrides {', '.join(clash)}: the sweep sets these itself; "
+                "use the config keys instead"
+            )
+        return cls(
+            pair=raw["pair"],
+            condition=raw["condition"],
+            driver=raw["driver"],
+            storage=StorageSpec.parse(raw["storage"]),
+            space=space,
+            defaults=space.check_point(raw["defaults"], "defaults"),
+            seed=_int("seed", raw.get("seed", 0), 0),
+            heartbeat=_heartbeat(raw.get("heartbeat", {})),
+            sampler=_sampler(raw.get("sampler", {})),
+            pruner=_pruner(raw.get("pruner", {"name": "median"}), ints["read_at"]),
+            train_overrides=tuple(overrides),
+            **ints,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings that identify the study (stored in it at init, compared by every worker)."""
+        return {
+            "pair": self.pair,
+            "condition": self.condition,
+            "driver": self.driver,
+            "seed": self.seed,
+            "ticks": self.ticks,
+            "val_every": self.val_every,
+            "read_at": self.read_at,
+            "space": self.space.to_dict(),
+        }
+
+
+def load_sweep_config(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep config file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise SweepConfigError(f"cannot read the sweep config {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise SweepConfigError(f"{path} is not valid YAML: {err}") from None
+    try:
+        return SweepConfig.from_dict(raw)
+    except SweepConfigError as err:
+        raise SweepConfigError(f"{path}: {err}") from None
+
+
+def _int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SweepConfigError(f"{name}={value!r} must be an integer >= {low}")
+    return value
+
+
+def _options(name: str, raw: Any, allowed: Sequence[str]) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise SweepConfigError(f"{name} must be a mapping")
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise SweepConfigError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    return raw
+
+
+def _heartbeat(raw: Any) -> HeartbeatConfig:
+    raw = _options("heartbeat", raw, ("interval", "grace", "max_retry"))
+    hb = HeartbeatConfig(
+        **{k: _int(f"heartbeat.{k}", v, 0 if k == "max_retry" else 1) for k, v in raw.items()}
+    )
+    if hb.grace <= hb.interval:
+        raise SweepConfigError(
+            f"heartbeat.grace={hb.grace} must exceed heartbeat.interval={hb.interval} (a live trial would be "
+            "failed between two heartbeats); use grace >= 2 x interval"
+        )
+    return hb
+
+
+def _sampler(raw: Any) -> SamplerConfig:
+    raw = dict(_options("sampler", raw, ("name", "seed", "n_startup_trials")))
+    name = raw.pop("name", "tpe")
+    if name not in SAMPLERS:
+        raise SweepConfigError(f"sampler.name={name!r} is not one of {', '.join(SAMPLERS)}")
+    return SamplerConfig(name, **{k: _int(f"sampler.{k}", v, 0) for k, v in raw.items()})
+
+
+def _pruner(raw: Any, read_at: int) -> PrunerConfig:
+    if not isinstance(raw, Mapping) or "name" not in raw:
+        raise SweepConfigError(f"pruner must be a mapping with a name ({', '.join(PRUNERS)})")
+    name = raw["name"]
+    if name not in PRUNERS:
+        raise SweepConfigError(f"pruner.name={name!r} is not one of {', '.join(PRUNERS)}")
+    allowed = PRUNERS[name]
+    opts = dict(_options("pruner", {k: v for k, v in raw.items() if k != "name"}, tuple(allowed)))
+    for key, value in opts.items():
+        kind, low = allowed[key]
+        ok = (isinstance(value, int) if kind is int else isinstance(value, int | float)) and not isinstance(
+            value, bool
+        )
+        if not ok or value < low:
+            raise SweepConfigError(
+                f"pruner.{key}={value!r} must be {'an integer' if kind is int else 'a number'} >= {low}"
+            )
+    if name == "hyperband":
+        opts.setdefault("min_resource", 1)
+        opts.setdefault("reduction_factor", 3)
+        if opts.setdefault("max_resource", read_at) > read_at:
+            raise SweepConfigError(
+                f"pruner.max_resource={opts['max_resource']} exceeds read_at={read_at}: "
+                "no trial reports past it"
+            )
+        if opts["min_resource"] >= opts["max_resource"]:
+            raise SweepConfigError(
+                f"pruner.min_resource={opts['min_resource']} must be below "
+                f"max_resource={opts['max_resource']}"
+            )
+    if name == "threshold" and "lower" not in opts:
+        raise SweepConfigError(
+            "pruner.lower is missing: the threshold pruner stops trials whose val/acc is below it"
+        )
+    return PrunerConfig(name, opts)

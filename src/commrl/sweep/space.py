@@ -1,0 +1,210 @@
+"""The search space of a sweep: the method's four knobs, their bounds, and how a point becomes overrides.
+
+``rank`` (activation and PowerSGD rank, int, usually log scale), ``alpha`` (sign-correction blend, [0, 1]),
+``beta`` (dense-memory decay, [0, 1)) and ``cadence`` (anchor cadence K = delay h, int); method.md §2-§3.
+A space is checked in full when it is read, so a bad bound fails before any trial starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class SweepConfigError(ValueError):
+    """A sweep setting is missing, unknown or out of range; the message names the field and the fix."""
+
+
+# name -> (type, smallest allowed low, largest allowed high, whether high itself is allowed)
+KNOBS: dict[str, tuple[str, float, float, bool]] = {
+    "rank": ("int", 1, math.inf, True),
+    "alpha": ("float", 0.0, 1.0, True),
+    "beta": ("float", 0.0, 1.0, False),
+    "cadence": ("int", 1, math.inf, True),
+}
+SPEC_KEYS = ("type", "low", "high", "log", "step")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One searched knob: ``type`` int|float, bounds ``[low, high]``, ``log`` scale or a ``step`` grid."""
+
+    name: str
+    type: str
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+
+    @classmethod
+    def from_dict(cls, name: str, raw: Any) -> ParamSpec:
+        field = f"space.{name}"
+        if name not in KNOBS:
+            raise SweepConfigError(
+                f"{field}: unknown parameter {name!r}; the searchable knobs are {', '.join(KNOBS)}"
+            )
+        if not isinstance(raw, Mapping):
+            raise SweepConfigError(
+                f"{field} must be a mapping like {{type: int, low: 4, high: 32, log: true}}"
+            )
+        unknown = sorted(set(raw) - set(SPEC_KEYS))
+        if unknown:
+            raise SweepConfigError(
+                f"{field}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SPEC_KEYS)}"
+            )
+        for key in ("type", "low", "high"):
+            if key not in raw:
+                raise SweepConfigError(f"{field}.{key} is missing")
+        spec = cls(name, raw["type"], raw["low"], raw["high"], raw.get("log", False), raw.get("step"))
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        field = f"space.{self.name}"
+        kind, lo_min, hi_max, hi_closed = KNOBS[self.name]
+        if self.type != kind:
+            raise SweepConfigError(
+                f"{field}.type={self.type!r} is invalid: {self.name} is searched as type {kind}"
+            )
+        for key in ("low", "high"):
+            value = getattr(self, key)
+            if not _is_number(value) or (kind == "int" and not isinstance(value, int)):
+                raise SweepConfigError(
+                    f"{field}.{key}={value!r} must be a finite {'integer' if kind == 'int' else 'number'}"
+                )
+        if self.low > self.high:
+            raise SweepConfigError(f"{field}: low={self.low} > high={self.high}; swap them")
+        if self.low < lo_min:
+            raise SweepConfigError(f"{field}.low={self.low} is out of range: {self.name} must be >= {lo_min}")
+        if self.high > hi_max or (not hi_closed and self.high >= hi_max):
+            bound = f"<= {hi_max}" if hi_closed else f"< {hi_max}"
+            hint = " (beta = 1 never updates the dense memory)" if self.name == "beta" else ""
+            raise SweepConfigError(
+                f"{field}.high={self.high} is out of range: {self.name} must be {bound}{hint}"
+            )
+        if not isinstance(self.log, bool):
+            raise SweepConfigError(f"{field}.log={self.log!r} must be true or false")
+        if self.log and self.low <= 0:
+            raise SweepConfigError(
+                f"{field}: log scale needs low > 0, got low={self.low}; raise low or set log: false"
+            )
+        if self.step is not None:
+            if self.log:
+                raise SweepConfigError(f"{field}: step and log cannot be combined (Optuna); drop one of them")
+            if (
+                not _is_number(self.step)
+                or self.step <= 0
+                or (kind == "int" and not isinstance(self.step, int))
+            ):
+                raise SweepConfigError(f"{field}.step={self.step!r} must be a positive {kind}")
+            n = (self.high - self.low) / self.step
+            if abs(n - round(n)) > 1e-9:
+                raise SweepConfigError(
+                    f"{field}.step={self.step} does not divide high - low = {self.high - self.low}; "
+                    "adjust high so that it lies on the grid"
+                )
+
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is a point of this dimension (type, bounds and grid)."""
+        if not _is_number(value) or (self.type == "int" and not isinstance(value, int)):
+            return False
+        if not self.low <= value <= self.high:
+            return False
+        if self.step is None:
+            return True
+        n = (value - self.low) / self.step
+        return abs(n - round(n)) < 1e-9
+
+    def suggest(self, trial) -> int | float:
+        """Ask an ``optuna.Trial`` for this dimension (enqueued and retried trials get their fixed value)."""
+        if self.type == "int":
+            return trial.suggest_int(
+                self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log
+            )
+        return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "low": self.low, "high": self.high, "log": self.log}
+        if self.step is not None:
+            out["step"] = self.step
+        return out
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The searched knobs, in the order of ``KNOBS``."""
+
+    params: tuple[ParamSpec, ...]
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> SearchSpace:
+        if not isinstance(raw, Mapping) or not raw:
+            raise SweepConfigError(
+                f"space must be a non-empty mapping of knobs ({', '.join(KNOBS)}) to bounds"
+            )
+        for name in raw:
+            if name not in KNOBS:
+                raise SweepConfigError(
+                    f"space.{name}: unknown parameter {name!r}; the searchable knobs are {', '.join(KNOBS)}"
+                )
+        return cls(tuple(ParamSpec.from_dict(name, raw[name]) for name in KNOBS if name in raw))
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    def __getitem__(self, name: str) -> ParamSpec:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def check_point(self, point: Any, field: str) -> dict[str, Any]:
+        """Validate a full point of the space (e.g. the enqueued defaults); returns it as a plain dict."""
+        if not isinstance(point, Mapping):
+            raise SweepConfigError(f"{field} must be a mapping of {', '.join(self.names)} to values")
+        missing = [n for n in self.names if n not in point]
+        extra = sorted(set(point) - set(self.names))
+        if missing or extra:
+            raise SweepConfigError(
+                f"{field} must set exactly the searched knobs {', '.join(self.names)}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; not searched: {', '.join(extra)}" if extra else "")
+            )
+        for p in self.params:
+            if not p.contains(point[p.name]):
+                raise SweepConfigError(
+                    f"{field}.{p.name}={point[p.name]!r} lies outside space.{p.name} "
+                    f"({p.type} in [{p.low}, {p.high}]{f' step {p.step}' if p.step else ''}); move it inside"
+                )
+        return {p.name: float(point[p.name]) if p.type == "float" else point[p.name] for p in self.params}
+
+    def corners(self) -> list[dict[str, Any]]:
+        """The all-low and the all-high points: every value a trial can take lies between them."""
+        return [{p.name: p.low for p in self.params}, {p.name: p.high for p in self.params}]
+
+    def suggest(self, trial) -> dict[str, Any]:
+        return {p.name: p.suggest(trial) for p in self.params}
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {p.name: p.to_dict() for p in self.params}
+
+
+def method_overrides(params: Mapping[str, Any], driver: str) -> list[str]:
+    """A point of the space as training overrides (Hydra for ``local``, ``commrl verl-train`` for ``verl``).
+
+    The anchor delay h follows the cadence K (method.md §3, h = K): the local tree leaves ``method.delay``
+    unset, which means K; the paper pairs' tree sets h explicitly, so it is overridden with K.
+    """
+    out = []
+    for name, value in params.items():
+        out.append(f"method.{name}={value!r}" if isinstance(value, float) else f"method.{name}={value}")
+        if name == "cadence" and driver == "verl":
+            out.append(f"method.delay={value}")
+    return out

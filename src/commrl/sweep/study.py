@@ -1,0 +1,172 @@
+"""Creating a study once (``init``) and opening it in every worker.
+
+``init_study`` is the only place that creates the study, enqueues the defaults and creates the MLflow
+parent run (concurrent creation of a fresh sqlite study crashes, so workers never create). It is
+idempotent: a second call changes nothing, and a call after a crash half-way finishes what is missing.
+The study keeps its identity (pair, condition, ticks, read point, space) in its user attributes; a worker
+whose config no longer matches refuses to run.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from commrl import tracking
+from commrl.sweep.config import PrunerConfig, SamplerConfig, SweepConfig
+from commrl.sweep.space import SweepConfigError
+from commrl.sweep.storage import open_storage, storage_exists, study_names
+from commrl.sweep.trial_config import trials_dir
+
+IDENTITY_ATTR = "sweep_config"
+PARENT_ATTR = "mlflow_parent_run_id"
+DEFAULTS_ATTR = "defaults_enqueued"
+DIRECTION = "maximize"  # the objective is validation accuracy
+
+
+class SweepError(RuntimeError):
+    """The study cannot be used as asked (missing, or created with other settings); the message says why."""
+
+
+def make_sampler(cfg: SamplerConfig, worker: int) -> optuna.samplers.BaseSampler:
+    """Seeded ``seed + worker``: workers with the same seed would propose the same points."""
+    seed = cfg.seed + worker
+    if cfg.name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(
+        multivariate=True, constant_liar=True, n_startup_trials=cfg.n_startup_trials, seed=seed
+    )
+
+
+def make_pruner(cfg: PrunerConfig) -> optuna.pruners.BasePruner:
+    opts = dict(cfg.options)
+    if cfg.name == "median":
+        return optuna.pruners.MedianPruner(**opts)
+    if cfg.name == "hyperband":  # max_resource is explicit: "auto" would be estimated per process
+        return optuna.pruners.HyperbandPruner(**opts)
+    if cfg.name == "threshold":
+        return optuna.pruners.ThresholdPruner(**opts)
+    return optuna.pruners.NopPruner()
+
+
+def init_study(cfg: SweepConfig, name: str) -> dict:
+    """Create the study, enqueue the defaults as its first trial and create the MLflow parent run, once.
+
+    Returns what ``commrl sweep init`` writes to its output: the study, the storage, the parent run id and
+    whether this call created the study.
+    """
+    storage = open_storage(cfg.storage, cfg.heartbeat, create_dirs=True)
+    created = name not in study_names(storage)
+    folders = trials_dir(cfg, name)
+    if created and folders.is_dir() and any(folders.iterdir()):
+        raise SweepError(
+            f"{folders} holds the trials of an earlier study named {name!r} (its storage is gone); a new "
+            "study would resume from their checkpoints. Remove the folder or choose another --study name"
+        )
+    if created:
+        try:
+            study = optuna.create_study(study_name=name, storage=storage, direction=DIRECTION)
+        except optuna.exceptions.DuplicatedStudyError:  # another init won the race
+            created = False
+    if not created:
+        study = optuna.load_study(study_name=name, storage=storage)
+    check_identity(study, cfg)
+    if IDENTITY_ATTR not in study.user_attrs:
+        study.set_user_attr(IDENTITY_ATTR, cfg.to_dict())
+    if not study.user_attrs.get(DEFAULTS_ATTR):
+        study.enqueue_trial(cfg.defaults, user_attrs={"source": "default"}, skip_if_exists=True)
+        study.set_user_attr(DEFAULTS_ATTR, True)
+    parent = ensure_parent_run(study, cfg)
+    return {
+        "study": name,
+        "storage": cfg.storage.location,
+        "storage_kind": cfg.storage.kind,
+        "created": created,
+        "mlflow_parent_run_id": parent,
+        "defaults": cfg.defaults,
+        "n_trials": cfg.n_trials,
+        "n_workers": cfg.n_workers,
+        "tracking_uri": tracking.default_tracking_uri(),
+    }
+
+
+def open_study(cfg: SweepConfig, name: str, worker: int = 0) -> optuna.Study:
+    """Load an initialised study with this worker's sampler and the config's pruner."""
+    if not storage_exists(cfg.storage):
+        raise SweepError(f"no study storage at {cfg.storage.location}; run `commrl sweep init` first")
+    storage = open_storage(cfg.storage, cfg.heartbeat)
+    if name not in study_names(storage):
+        raise SweepError(
+            f"study {name!r} is not in {cfg.storage.location}; "
+            f"run `commrl sweep init --config ... --study {name}` first"
+        )
+    study = optuna.load_study(
+        study_name=name,
+        storage=storage,
+        sampler=make_sampler(cfg.sampler, worker),
+        pruner=make_pruner(cfg.pruner),
+    )
+    check_identity(study, cfg)
+    if PARENT_ATTR not in study.user_attrs:
+        raise SweepError(
+            f"study {name!r} has no MLflow parent run; rerun `commrl sweep init` to finish its set-up"
+        )
+    return study
+
+
+def check_identity(study: optuna.Study, cfg: SweepConfig) -> None:
+    """A study keeps the settings it was created with; anything else mixes incomparable trials."""
+    stored = study.user_attrs.get(IDENTITY_ATTR)
+    if stored is None:
+        return
+    current = cfg.to_dict()
+    changed = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
+    if changed:
+        detail = "; ".join(
+            f"{k}: study has {stored.get(k)!r}, config has {current.get(k)!r}" for k in changed
+        )
+        raise SweepConfigError(
+            f"study {study.study_name!r} was created with other settings ({detail}); restore them, "
+            "or start a "
+            "new study with another --study name (n_trials and n_workers may change freely)"
+        )
+
+
+def ensure_parent_run(study: optuna.Study, cfg: SweepConfig) -> str:
+    """The study's MLflow parent run (tag kind=sweep, experiment commrl/<pair>), created if missing."""
+    from mlflow.exceptions import MlflowException
+
+    uri = tracking.default_tracking_uri()
+    client = tracking.client(uri)
+    run_id = study.user_attrs.get(PARENT_ATTR)
+    if run_id:
+        try:
+            client.get_run(run_id)
+            return run_id
+        except MlflowException:
+            pass  # the MLflow store was replaced: make a new parent
+    exp_id = tracking.ensure_experiment(tracking.experiment_name(cfg.pair), uri, client)
+    tags = {
+        "kind": "sweep",
+        "direction": DIRECTION,
+        "pair": cfg.pair,
+        "condition": cfg.condition,
+        "driver": cfg.driver,
+        "git_commit": tracking.git_commit(),
+        "optuna.study": study.study_name,
+        "optuna.storage": cfg.storage.location,
+    }
+    run = client.create_run(exp_id, run_name=f"sweep/{study.study_name}", tags=tags)
+    params = {
+        "space": cfg.space.to_dict(),
+        "defaults": cfg.defaults,
+        "ticks": cfg.ticks,
+        "read_at": cfg.read_at,
+        "val_every": cfg.val_every,
+        "seed": cfg.seed,
+        "pruner": {"name": cfg.pruner.name, **cfg.pruner.options},
+        "sampler": vars(cfg.sampler),
+        "train_overrides": " ".join(cfg.train_overrides),
+    }
+    tracking.log_params(run.info.run_id, params, uri)
+    study.set_user_attr(PARENT_ATTR, run.info.run_id)
+    return run.info.run_id

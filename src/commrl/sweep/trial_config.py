@@ -1,0 +1,109 @@
+"""What one trial trains: its folder and its training command (Hydra overrides or ``commrl verl-train``).
+
+A trial is one training run of ``(pair, condition, seed)`` with the suggested knobs as overrides. Its
+folder is keyed by the *original* trial number, so a retry of a killed trial reuses the killed trial's
+checkpoints and MLflow run and resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from commrl import tracking
+from commrl.sweep.config import SweepConfig
+from commrl.sweep.space import SweepConfigError, method_overrides
+
+RUN_ID_FILE = "mlflow_run_id"  # every driver's trainer writes its MLflow run id into <out_dir>/mlflow_run_id
+
+
+def trials_dir(cfg: SweepConfig, study: str) -> Path:
+    """``<results>/sweeps/<pair>/<study>/trials`` (``$COMMRL_RESULTS`` or ``./results``)."""
+    return tracking.results_dir() / "sweeps" / cfg.pair / study / "trials"
+
+
+def trial_dir(cfg: SweepConfig, study: str, key: int) -> Path:
+    return trials_dir(cfg, study) / f"trial{key:04d}"
+
+
+def local_overrides(cfg: SweepConfig, params: Mapping[str, Any], out_dir: Path | str) -> list[str]:
+    """Hydra overrides of ``configs/train/`` for one trial of the local driver."""
+    return [
+        f"pair={cfg.pair}",
+        f"condition={cfg.condition}",
+        f"seed={cfg.seed}",
+        f"out_dir={out_dir}",
+        f"rl.ticks={cfg.ticks}",
+        f"rl.val_every={cfg.val_every}",
+        f"rl.read_at={cfg.read_at}",
+        *method_overrides(params, "local"),
+        *cfg.train_overrides,
+    ]
+
+
+def verl_command(cfg: SweepConfig, params: Mapping[str, Any], out_dir: Path | str) -> list[str]:
+    """``commrl verl-train`` of one trial (keys ticks/read_at/val_every/method.* go to configs/verl/).
+
+    ``ticks_by_condition.<condition>`` (pair A trains some conditions 150 ticks) would win over ``ticks``,
+    so it is set to the sweep's ticks too.
+    """
+    return [
+        sys.executable, "-m", "commrl.cli.main", "verl-train",
+        "--pair", cfg.pair, "--condition", cfg.condition, "--seed", str(cfg.seed), "--out", str(out_dir),
+        f"ticks={cfg.ticks}", f"++ticks_by_condition.{cfg.condition}={cfg.ticks}",
+        f"read_at={cfg.read_at}", f"val_every={cfg.val_every}",
+        *method_overrides(params, "verl"),
+        *cfg.train_overrides,
+    ]
+
+
+def check_trials(cfg: SweepConfig) -> None:
+    """Fail before any trial when a trial at the defaults or at a corner of the space cannot train."""
+    if cfg.driver == "verl":
+        check_verl_trials(cfg)
+    else:
+        check_local_trials(cfg)
+
+
+def check_local_trials(cfg: SweepConfig) -> None:
+    """Compose the training config at the defaults and at both corners of the space; fail before any trial.
+
+    When the base model exists, ``rank`` is also checked against its hidden size.
+    """
+    from commrl.rl.config import ConfigError, load_train_config
+
+    for label, point in _check_points(cfg).items():
+        try:
+            train_cfg = load_train_config(local_overrides(cfg, point, "unused"))
+            train_cfg.method_config(hidden_size=model_hidden_size(train_cfg.model.path))
+        except ConfigError as err:
+            raise SweepConfigError(f"{label} {dict(point)} is not a valid training run: {err}") from None
+
+
+def check_verl_trials(cfg: SweepConfig) -> None:
+    """``commrl verl-train --dry-run`` (CPU) at the defaults and both corners of the space."""
+    with tempfile.TemporaryDirectory(prefix="sweep-dry-run-") as tmp:
+        for label, point in _check_points(cfg).items():
+            done = subprocess.run([*verl_command(cfg, point, Path(tmp) / "run"), "--dry-run"],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+                raise SweepConfigError(f"{label} {dict(point)} is not a valid verl-train run:\n{tail}")
+
+
+def _check_points(cfg: SweepConfig) -> dict[str, dict[str, Any]]:
+    low, high = cfg.space.corners()
+    return {"defaults": cfg.defaults, "space (all lows)": low, "space (all highs)": high}
+
+
+def model_hidden_size(model_path: str | Path) -> int | None:
+    """The hidden size in ``<model_path>/config.json``, or None when the model is not built yet."""
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("hidden_size")

@@ -1,0 +1,132 @@
+"""The search space and the sweep config: bad values are rejected with the field named, before any trial."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import optuna
+import pytest
+
+from commrl.cli.main import main
+from commrl.sweep.config import SweepConfig, load_sweep_config
+from commrl.sweep.space import SweepConfigError, method_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def with_change(raw: dict, path: str, value) -> dict:
+    out = copy.deepcopy(raw)
+    node = out
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[key]
+    if value is None:
+        del node[keys[-1]]
+    else:
+        node[keys[-1]] = value
+    return out
+
+
+BAD = [
+    ("space.rank", {"type": "int", "low": 32, "high": 4, "log": True}, "space.rank: low=32 > high=4"),
+    ("space.width", {"type": "int", "low": 1, "high": 2}, "space.width: unknown parameter 'width'"),
+    ("space.alpha", {"type": "float", "low": 0.0, "high": 1.0, "log": True}, "log scale needs low > 0"),
+    ("space.beta", {"type": "float", "low": 0.0, "high": 1.0}, "beta.high=1.0 is out of range"),
+    ("space.alpha", {"type": "float", "low": 0.0, "high": 1.5}, "space.alpha.high=1.5 is out of range"),
+    ("space.rank", {"type": "float", "low": 4, "high": 32}, "space.rank.type='float' is invalid"),
+    ("space.cadence", {"type": "int", "low": 0, "high": 20}, "space.cadence.low=0 is out of range"),
+    ("space.cadence", {"type": "int", "low": 2, "high": 20, "step": 4}, "cadence.step=4 does not divide"),
+    ("space.rank", {"type": "int", "low": 4, "high": 32, "log": True, "step": 2}, "step and log cannot"),
+    ("space.rank", {"type": "int", "low": 4, "hi": 32}, "space.rank: unknown key(s) hi"),
+    ("defaults.rank", 64, "defaults.rank=64 lies outside space.rank"),
+    ("defaults.cadence", None, "defaults must set exactly the searched knobs rank, alpha, beta, cadence; "
+     "missing cadence"),
+    ("read_at", 5, "read_at=5 is not a validation tick"),
+    ("read_at", 8, "read_at=8 is after the last tick"),
+    ("storage", "results/optuna/tiny.db", "storage='results/optuna/tiny.db' is neither an RDB URL"),
+    ("heartbeat", {"interval": 10, "grace": 10}, "heartbeat.grace=10 must exceed heartbeat.interval=10"),
+    ("pruner", {"name": "hyperband", "max_resource": 60}, "pruner.max_resource=60 exceeds read_at=6"),
+    ("pruner", {"name": "median", "n_warmup": 3}, "pruner: unknown key(s) n_warmup"),
+    ("pruner", {"name": "sha"}, "pruner.name='sha' is not one of"),
+    ("sampler", {"name": "tpe", "seed": -1}, "sampler.seed=-1 must be an integer >= 0"),
+    ("driver", "slurm", "driver='slurm' is not one of local, verl"),
+    ("objective", "val/acc", "unknown key(s) objective"),
+    ("train_overrides", ["method.rank=8"], "train_overrides method.rank=8: the sweep sets these"),
+    ("n_trials", 0, "n_trials=0 must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_config_is_rejected_naming_the_field(sweep_dict, field, value, message):
+    with pytest.raises(SweepConfigError) as err:
+        SweepConfig.from_dict(with_change(sweep_dict, field, value))
+    assert message in str(err.value)
+
+
+def test_the_shipped_configs_are_valid_and_enqueue_the_notes_settings():
+    tiny = load_sweep_config(REPO / "configs/sweep/tiny.yaml")
+    assert tiny.defaults == {"rank": 6, "alpha": 0.25, "beta": 0.25, "cadence": 5}
+    assert (tiny.ticks, tiny.read_at, tiny.driver, tiny.storage.kind) == (60, 60, "local", "rdb")
+    assert tiny.space["rank"].log and tiny.space["rank"].high < 128  # below the tiny hidden size
+    paper = load_sweep_config(REPO / "configs/sweep/paper_A.yaml")
+    assert paper.defaults == {"rank": 77, "alpha": 0.25, "beta": 0.25, "cadence": 20}
+    assert (paper.driver, paper.storage.kind, paper.read_at) == ("verl", "journal", 100)
+
+
+def test_space_suggests_inside_its_bounds_and_keeps_enqueued_values(sweep_dict):
+    cfg = SweepConfig.from_dict(sweep_dict)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    study.enqueue_trial(cfg.defaults)
+    first = cfg.space.suggest(study.ask())
+    assert first == cfg.defaults
+    for _ in range(20):
+        point = cfg.space.suggest(study.ask())
+        assert cfg.space.check_point(point, "p") == point
+        assert isinstance(point["rank"], int) and isinstance(point["cadence"], int)
+
+
+def test_method_overrides_per_driver():
+    params = {"rank": 8, "alpha": 0.5, "beta": 0.125, "cadence": 7}
+    assert method_overrides(params, "local") == [
+        "method.rank=8", "method.alpha=0.5", "method.beta=0.125", "method.cadence=7"]
+    assert "method.delay=7" in method_overrides(params, "verl")  # the paper tree sets h explicitly
+
+
+def test_init_rejects_a_bad_space_before_creating_anything(env, tmp_path, sweep_dict, write_config, capsys):
+    bad = with_change(sweep_dict, "space.beta", {"type": "float", "low": 0.5, "high": 0.2})
+    rc = main(["sweep", "init", "--config", str(write_config(bad)), "--out", str(tmp_path / "init.json")])
+    assert rc == 1
+    assert "space.beta: low=0.5 > high=0.2" in capsys.readouterr().err
+    assert not (tmp_path / "optuna").exists() and not (tmp_path / "init.json").exists()
+
+
+def test_worker_rejects_a_bad_space_before_any_trial(env, sweep_dict, write_config, capsys):
+    good = write_config(sweep_dict, "good.yaml")
+    assert main(["sweep", "init", "--config", str(good)]) == 0
+    zero = {"type": "int", "low": 0, "high": 8, "log": True}
+    bad = write_config(with_change(sweep_dict, "space.rank", zero))
+    assert main(["sweep", "worker", "--config", str(bad), "--worker", "0"]) == 1
+    assert "space.rank.low=0 is out of range" in capsys.readouterr().err
+    storage = load_sweep_config(good).storage.location
+    trials = optuna.load_study(study_name="tiny-method", storage=storage).get_trials()
+    assert [t.state for t in trials] == [optuna.trial.TrialState.WAITING]  # only the enqueued defaults
+
+
+def test_worker_refuses_a_space_that_differs_from_the_studys(env, sweep_dict, write_config, capsys):
+    assert main(["sweep", "init", "--config", str(write_config(sweep_dict, "a.yaml"))]) == 0
+    changed = with_change(sweep_dict, "space.cadence", {"type": "int", "low": 2, "high": 30})
+    assert main(["sweep", "worker", "--config", str(write_config(changed, "b.yaml"))]) == 1
+    err = capsys.readouterr().err
+    assert "created with other settings" in err and "space" in err
+
+
+def test_local_trials_are_composed_at_the_space_corners(env, sweep_dict, write_config, tmp_path, capsys):
+    """A corner the training config rejects (rank >= the model's hidden size) fails init, not a trial."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 16}')
+    raw = with_change(sweep_dict, "train_overrides", [f"model.path={model}"])
+    assert main(["sweep", "init", "--config", str(write_config(raw))]) == 1
+    err = capsys.readouterr().err
+    assert "space (all highs)" in err and "rank" in err and "hidden_size=16" in err
