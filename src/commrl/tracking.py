@@ -68,7 +68,11 @@ def git_commit(default: str = "unknown") -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root, capture_output=True, text=True, check=True, timeout=5,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
         ).stdout.strip()
         return f"{sha}-dirty" if dirty else sha
     except (OSError, subprocess.SubprocessError):
@@ -180,4 +184,6 @@ def find_runs(experiment: str, tags: Mapping[str, str], tracking_uri: str | None
     if exp is None:
         return []
     flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    return list(c.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"]))
+    return list(
+        c.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"])
+    )

@@ -8,7 +8,7 @@ import io
 
 import pytest
 import torch
-from conftest import HIDDEN, batch_for_tick, lm_loss, tiny_qwen2
+from compression_helpers import HIDDEN, batch_for_tick, lm_loss, tiny_qwen2
 
 from commrl.compression import (
     MethodConfig,

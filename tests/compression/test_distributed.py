@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 def train(model: torch.nn.Module, cfg: MethodConfig, ticks: int) -> TwoCircuitController:
     """The driver loop of docs/design.md with a language-model loss (same batch on every rank)."""
-    from conftest import batch_for_tick, lm_loss
+    from compression_helpers import batch_for_tick, lm_loss
 
     ctrl = TwoCircuitController(model, cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -69,7 +69,7 @@ def _powersgd_check(mesh) -> float:
 
 
 def _controller_check(mesh) -> dict:
-    from conftest import tiny_qwen2
+    from compression_helpers import tiny_qwen2
     from torch.distributed.fsdp import fully_shard
 
     cfg = MethodConfig(**CONFIG)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HIDDEN, batch_for_tick, tiny_qwen2
+from compression_helpers import HIDDEN, batch_for_tick, tiny_qwen2
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -12,8 +12,16 @@ from commrl import tracking
 from commrl.report import ClaimThresholds, ReportInputError, build_report, evaluate_claims
 from commrl.report.runs import load_pair
 
-DRAWN_A = ["fig02_score_A.png", "fig03_val_A.png", "fig04_benchmarks_A.png", "fig05_mismatch_A.png",
-           "fig06_kl_A.png", "fig07_best_val_A.png", "fig08_async_clip_A.png", "fig09_clip_A.png"]
+DRAWN_A = [
+    "fig02_score_A.png",
+    "fig03_val_A.png",
+    "fig04_benchmarks_A.png",
+    "fig05_mismatch_A.png",
+    "fig06_kl_A.png",
+    "fig07_best_val_A.png",
+    "fig08_async_clip_A.png",
+    "fig09_clip_A.png",
+]
 DRAWN_B = ["fig02_score_B.png", "fig05_mismatch_B.png"]
 
 
@@ -44,7 +52,7 @@ def test_markdown_embeds_figures_html_inlines_them_captions_name_them(built):
     for name in DRAWN_A + DRAWN_B:
         assert f"]({name})" in md
     assert html.count("data:image/png;base64,") == len(DRAWN_A + DRAWN_B)
-    assert "<style>" in html and "class=\"PASS\"" in html and "class=\"MISS\"" in html
+    assert "<style>" in html and 'class="PASS"' in html and 'class="MISS"' in html
     captions = json.loads((built.out_dir / "captions.json").read_text())
     assert sorted(captions) == sorted(DRAWN_A + DRAWN_B)
     assert all(len(text) > 20 for text in captions.values())
@@ -76,8 +84,13 @@ def test_table_values_equal_the_logged_inputs(built):
     assert bench[("mmlu_stem", "acc")][0] == "MMLU-STEM"
     sweeps = {row[0]: row for row in next(t for t in built.tables["A"] if t.key == "sweeps").rows}
     # the pruned trial's 0.9 is not a result
-    assert sweeps["sweep-A"][2:] == [3, "COMPLETE 2, PRUNED 1", "trial-0001", 0.6,
-                                     "rank=16, alpha=0.25, beta=0.25, cadence=20"]
+    assert sweeps["sweep-A"][2:] == [
+        3,
+        "COMPLETE 2, PRUNED 1",
+        "trial-0001",
+        0.6,
+        "rank=16, alpha=0.25, beta=0.25, cadence=20",
+    ]
     assert sweeps["sweep/A-study"][2:] == [2, "COMPLETE 2", "trial 1", 0.66, "rank=32, alpha=0.25"]
     assert any("evaluation eval/commrl_math500 dropped: it is FAILED" in n for n in built.notes)
 
@@ -94,8 +107,19 @@ def test_tables_json_keeps_the_exact_values(built):
 def test_claims_are_pass_miss_or_na_as_designed(built):
     status = {pair: {c.number: c.status for c in claims} for pair, claims in built.claims.items()}
     assert status["A"] == {**{n: "PASS" for n in range(1, 12)}, 10: "n/a"}
-    assert status["B"] == {1: "PASS", 2: "MISS", 3: "n/a", 4: "n/a", 5: "n/a", 6: "PASS", 7: "PASS",
-                           8: "n/a", 9: "n/a", 10: "MISS", 11: "n/a"}
+    assert status["B"] == {
+        1: "PASS",
+        2: "MISS",
+        3: "n/a",
+        4: "n/a",
+        5: "n/a",
+        6: "PASS",
+        7: "PASS",
+        8: "n/a",
+        9: "n/a",
+        10: "MISS",
+        11: "n/a",
+    }
     claim4 = next(c for c in built.claims["A"] if c.number == 4)
     assert claim4.values["tick"] == 60 and claim4.values["ratio"] == pytest.approx(100.0)
     assert "6.1" in claim4.note
@@ -115,8 +139,9 @@ def test_thresholds_decide_the_status(store_uri):
 
 def test_missing_runs_give_a_visible_note_not_an_exception(built):
     md = (built.out_dir / "report.md").read_text()
-    skipped = ("Figure 6 skipped (B): no runs with actor/kl_loss for conditions dense, method, dropout, "
-               "prf_mask")
+    skipped = (
+        "Figure 6 skipped (B): no runs with actor/kl_loss for conditions dense, method, dropout, prf_mask"
+    )
     assert skipped in built.notes and skipped in md
     assert "Figure 6 (A): no runs with actor/kl_loss for dropout; drawn without them" in md
     assert "Figure 5 (B): panel 'probability gap (log scale)' is empty, no runs with mismatch/prob_gap" in md

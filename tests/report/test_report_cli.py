@@ -9,11 +9,28 @@ from commrl.cli.main import main
 
 def test_cli_writes_the_report(store_uri, tmp_path, capsys):
     out = tmp_path / "report"
-    rc = main(["report", "--pair", "B", "--tracking-uri", store_uri, "--out", str(out),
-               "--threshold", "dense_min_gain=0.9"])
+    rc = main(
+        [
+            "report",
+            "--pair",
+            "B",
+            "--tracking-uri",
+            store_uri,
+            "--out",
+            str(out),
+            "--threshold",
+            "dense_min_gain=0.9",
+        ]
+    )
     assert rc == 0
-    assert {"report.md", "report.html", "tables.json", "claims.json", "captions.json",
-            "fig02_score_B.png"} <= {p.name for p in out.iterdir()}
+    assert {
+        "report.md",
+        "report.html",
+        "tables.json",
+        "claims.json",
+        "captions.json",
+        "fig02_score_B.png",
+    } <= {p.name for p in out.iterdir()}
     claims = json.loads((out / "claims.json").read_text())
     assert claims["thresholds"]["dense_min_gain"] == 0.9
     assert claims["pairs"]["B"][0]["status"] == "MISS"  # gain 0.25 < 0.9

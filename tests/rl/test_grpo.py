@@ -23,7 +23,9 @@ def test_advantages_are_group_normalised_scores():
 
 def test_loss_is_verl_clipped_objective_plus_kl():
     torch.manual_seed(0)
-    rl = RLConfig(prompts_per_tick=2, group_size=2, mini_batches=1, micro_batch_size=4, kl_coef=0.1, clip_ratio=0.2)
+    rl = RLConfig(
+        prompts_per_tick=2, group_size=2, mini_batches=1, micro_batch_size=4, kl_coef=0.1, clip_ratio=0.2
+    )
     cfg = grpo.actor_config(rl, 4)
     mask = torch.ones(4, 5)
     mask[0, 3:] = 0
@@ -51,5 +53,7 @@ def test_micro_batch_losses_sum_to_the_mini_batch_mean():
     lp, adv = torch.randn(4, 3), torch.randn(4, 3)
     grpo.set_global_batch(cfg, mask)
     whole, _ = grpo.grpo_loss(cfg, lp, lp, None, adv, mask)
-    parts = sum(grpo.grpo_loss(cfg, lp[s], lp[s], None, adv[s], mask[s])[0] for s in (slice(0, 2), slice(2, 4)))
+    parts = sum(
+        grpo.grpo_loss(cfg, lp[s], lp[s], None, adv[s], mask[s])[0] for s in (slice(0, 2), slice(2, 4))
+    )
     assert float(parts) == pytest.approx(float(whole), rel=1e-6)

@@ -11,10 +11,14 @@ def test_slope_of_a_line():
 def test_flat_run_raises_no_alarm_and_climbing_kl_does():
     mon = CollapseMonitor(HealthConfig(window=4, kl_slope=0.5))
     for _ in range(8):
-        assert mon.update({"actor/kl_loss": 0.01, "actor/pg_clipfrac": 0.0, "mismatch/logprob_corr": 0.99}) == []
+        assert (
+            mon.update({"actor/kl_loss": 0.01, "actor/pg_clipfrac": 0.0, "mismatch/logprob_corr": 0.99}) == []
+        )
     reasons = []
     for i in range(4):
-        reasons = mon.update({"actor/kl_loss": 1.0 * i, "actor/pg_clipfrac": 0.0, "mismatch/logprob_corr": 0.99})
+        reasons = mon.update(
+            {"actor/kl_loss": 1.0 * i, "actor/pg_clipfrac": 0.0, "mismatch/logprob_corr": 0.99}
+        )
     assert reasons and "KL slope" in reasons[0]
 
 

@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import overrides
+from rl_helpers import overrides
 
 from commrl import tracking
 from commrl.rl.config import ConfigError, load_train_config
@@ -27,13 +26,14 @@ def test_bad_config_is_rejected_before_any_model_loads(tmp_path):
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "commrl.cli.main", "train", "rl.clip_ratio=1.5", f"out_dir={tmp_path}"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 1
     assert "rl.clip_ratio=1.5" in proc.stderr and "allowed" in proc.stderr
     assert not any(tmp_path.iterdir())
     assert time.perf_counter() - start < 60
-    with pytest.raises(ConfigError, match="model.path"):
+    with pytest.raises(ConfigError, match=r"model\.path"):
         LocalTrainer(load_train_config([f"model.path={tmp_path / 'nope'}", f"out_dir={tmp_path}"])).train()
 
 
@@ -45,9 +45,22 @@ def test_dense_run_logs_one_value_per_tick_and_agrees_with_its_sampler(tmp_path,
     run = tracking.client(uri).get_run(result.mlflow_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["condition"] == "dense" and run.data.tags["kind"] == "train"
-    for key in ("score/mean", "actor/kl_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss",
-                "actor/grad_norm", "mismatch/logprob_corr", "mismatch/prob_gap", "comm/bytes_total",
-                "comm/ratio_vs_dense", "time/step_s", "time/sample_s", "time/train_s", "health/alarm"):
+    for key in (
+        "score/mean",
+        "actor/kl_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "mismatch/logprob_corr",
+        "mismatch/prob_gap",
+        "comm/bytes_total",
+        "comm/ratio_vs_dense",
+        "time/step_s",
+        "time/sample_s",
+        "time/train_s",
+        "health/alarm",
+    ):
         assert _history(uri, result.mlflow_run_id, key) == [1, 2, 3, 4], key
     assert _history(uri, result.mlflow_run_id, "val/acc") == [0, 2, 4]
     metrics = run.data.metrics
@@ -76,8 +89,15 @@ def test_method_fires_the_anchor_on_cadence_and_compresses(tmp_path, toy_data, s
 def test_sampler_codec_same_closes_the_gap(tmp_path, toy_data, small_model):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = load_train_config(
-        overrides(small_model, toy_data, tmp_path / "run", uri, "condition=method_same_sampler", "rl.ticks=2",
-                  "rl.read_at=2")
+        overrides(
+            small_model,
+            toy_data,
+            tmp_path / "run",
+            uri,
+            "condition=method_same_sampler",
+            "rl.ticks=2",
+            "rl.read_at=2",
+        )
     )
     result = LocalTrainer(cfg).train()
     corr = tracking.client(uri).get_metric_history(result.mlflow_run_id, "mismatch/logprob_corr")
@@ -90,8 +110,16 @@ def _train_cmd(args: list[str]) -> list[str]:
 
 def test_kill_then_rerun_resumes_with_exactly_one_value_per_tick(tmp_path, toy_data, small_model):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    args = overrides(small_model, toy_data, tmp_path / "run", uri, "condition=method", "rl.ticks=8",
-                     "rl.read_at=8", "checkpoint.every=2")
+    args = overrides(
+        small_model,
+        toy_data,
+        tmp_path / "run",
+        uri,
+        "condition=method",
+        "rl.ticks=8",
+        "rl.read_at=8",
+        "checkpoint.every=2",
+    )
     env = {**os.environ, "COMMRL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(_train_cmd(args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpts = tmp_path / "run" / "checkpoints"

@@ -17,8 +17,10 @@ from commrl.sweep.storage import open_storage
 
 if __name__ == "__main__":
     url, out, start_at, action = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-    source, target = {"claim": (TrialState.WAITING, TrialState.RUNNING),
-                      "fail": (TrialState.RUNNING, TrialState.FAIL)}[action]
+    source, target = {
+        "claim": (TrialState.WAITING, TrialState.RUNNING),
+        "fail": (TrialState.RUNNING, TrialState.FAIL),
+    }[action]
     storage = open_storage(StorageSpec.parse(url), HeartbeatConfig())
     study = optuna.load_study(study_name="race", storage=storage)
     trials = [t._trial_id for t in study.get_trials(states=(source,))]

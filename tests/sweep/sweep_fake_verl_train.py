@@ -33,8 +33,9 @@ def on_term(signum, frame):
 signal.signal(signal.SIGTERM, on_term)
 client = tracking.client()
 exp = tracking.ensure_experiment(tracking.experiment_name(args.pair))
-run_id = client.create_run(exp, run_name=f"{args.pair}/{args.condition}/seed{args.seed}",
-                           tags={"kind": "train", "driver": "verl"}).info.run_id
+run_id = client.create_run(
+    exp, run_name=f"{args.pair}/{args.condition}/seed{args.seed}", tags={"kind": "train", "driver": "verl"}
+).info.run_id
 (out / "args.txt").write_text(" ".join(sys.argv[1:]) + "\n")
 (out / "mlflow_run_id").write_text(run_id + "\n")
 ticks, val_every = int(opts["ticks"]), int(opts["val_every"])

@@ -1,6 +1,6 @@
 """``commrl sweep worker`` with the fast stand-in driver, as a separate process (for kill -9 tests).
 
-    python sweep_fake_worker.py CONFIG STUDY WORKER OUT_JSON SLEEP_S
+python sweep_fake_worker.py CONFIG STUDY WORKER OUT_JSON SLEEP_S
 """
 
 import json

@@ -30,8 +30,14 @@ def fake_accuracy(params: dict, step: int) -> float:
 
 
 class FakeDriver:
-    def __init__(self, ticks: int, val_every: int, sleep: float = 0.0, with_mlflow: bool = False,
-                 alarm_at: int | None = None):
+    def __init__(
+        self,
+        ticks: int,
+        val_every: int,
+        sleep: float = 0.0,
+        with_mlflow: bool = False,
+        alarm_at: int | None = None,
+    ):
         self.ticks = ticks
         self.val_every = val_every
         self.sleep = sleep

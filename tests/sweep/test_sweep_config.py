@@ -40,8 +40,11 @@ BAD = [
     ("space.rank", {"type": "int", "low": 4, "high": 32, "log": True, "step": 2}, "step and log cannot"),
     ("space.rank", {"type": "int", "low": 4, "hi": 32}, "space.rank: unknown key(s) hi"),
     ("defaults.rank", 64, "defaults.rank=64 lies outside space.rank"),
-    ("defaults.cadence", None, "defaults must set exactly the searched knobs rank, alpha, beta, cadence; "
-     "missing cadence"),
+    (
+        "defaults.cadence",
+        None,
+        "defaults must set exactly the searched knobs rank, alpha, beta, cadence; missing cadence",
+    ),
     ("read_at", 5, "read_at=5 is not a validation tick"),
     ("read_at", 8, "read_at=8 is after the last tick"),
     ("storage", "results/optuna/tiny.db", "storage='results/optuna/tiny.db' is neither an RDB URL"),
@@ -89,7 +92,11 @@ def test_space_suggests_inside_its_bounds_and_keeps_enqueued_values(sweep_dict):
 def test_method_overrides_per_driver():
     params = {"rank": 8, "alpha": 0.5, "beta": 0.125, "cadence": 7}
     assert method_overrides(params, "local") == [
-        "method.rank=8", "method.alpha=0.5", "method.beta=0.125", "method.cadence=7"]
+        "method.rank=8",
+        "method.alpha=0.5",
+        "method.beta=0.125",
+        "method.cadence=7",
+    ]
     assert "method.delay=7" in method_overrides(params, "verl")  # the paper tree sets h explicitly
 
 

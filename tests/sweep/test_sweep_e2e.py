@@ -33,20 +33,49 @@ def tiny_world(tmp_path_factory):
     from commrl.models.tiny import TinyModelShape, build_char_tokenizer, build_tiny_model, save_model_dir
 
     root = tmp_path_factory.mktemp("tiny")
-    assert main(["prepare", "--dataset", "toy", "--n-train", "64", "--n-val", "8", "--n-test", "8",
-                 "--out", str(root / "data")]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--dataset",
+                "toy",
+                "--n-train",
+                "64",
+                "--n-val",
+                "8",
+                "--n-test",
+                "8",
+                "--out",
+                str(root / "data"),
+            ]
+        )
+        == 0
+    )
     tokenizer = build_char_tokenizer()
     save_model_dir(build_tiny_model(TinyModelShape(), tokenizer, seed=0), tokenizer, root / "model")
     return root
 
 
 def tiny_sweep(sweep_dict, tiny_world, **changes) -> dict:
-    sweep_dict.update(n_trials=3, n_workers=2, ticks=6, val_every=2, read_at=6,
-                      heartbeat={"interval": 2, "grace": 8, "max_retry": 2})
+    sweep_dict.update(
+        n_trials=3,
+        n_workers=2,
+        ticks=6,
+        val_every=2,
+        read_at=6,
+        heartbeat={"interval": 2, "grace": 8, "max_retry": 2},
+    )
     sweep_dict["train_overrides"] = [
-        f"model.path={tiny_world / 'model'}", f"data.dir={tiny_world / 'data'}", "sampler.backend=hf",
-        "sampler.max_new_tokens=8", "rl.prompts_per_tick=4", "rl.group_size=2", "rl.mini_batches=1",
-        "rl.micro_batch_size=8", "checkpoint.every=1", "threads=1",
+        f"model.path={tiny_world / 'model'}",
+        f"data.dir={tiny_world / 'data'}",
+        "sampler.backend=hf",
+        "sampler.max_new_tokens=8",
+        "rl.prompts_per_tick=4",
+        "rl.group_size=2",
+        "rl.mini_batches=1",
+        "rl.micro_batch_size=8",
+        "checkpoint.every=1",
+        "threads=1",
     ]
     sweep_dict.update(changes)
     return sweep_dict
@@ -58,8 +87,21 @@ def has_checkpoint(out_dir: str | None) -> bool:
 
 
 def worker(config, index: int, out, env) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "commrl.cli.main", "sweep", "worker", "--config", str(config),
-           "--study", "e2e", "--worker", str(index), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "commrl.cli.main",
+        "sweep",
+        "worker",
+        "--config",
+        str(config),
+        "--study",
+        "e2e",
+        "--worker",
+        str(index),
+        "--out",
+        str(out),
+    ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -76,8 +118,15 @@ def test_two_workers_a_kill_and_a_rerun(env, tmp_path, sweep_dict, write_config,
     while victim is None and time.time() < deadline and b.poll() is None:
         time.sleep(0.5)
         running = study.get_trials(states=(TrialState.RUNNING,))
-        victim = next((t for t in running if t.user_attrs.get("worker", "").endswith(f":{b.pid}")
-                       and has_checkpoint(t.user_attrs.get("out_dir"))), None)
+        victim = next(
+            (
+                t
+                for t in running
+                if t.user_attrs.get("worker", "").endswith(f":{b.pid}")
+                and has_checkpoint(t.user_attrs.get("out_dir"))
+            ),
+            None,
+        )
     assert victim is not None, b.communicate()[0] if b.poll() is not None else "no checkpoint from worker 1"
     os.kill(b.pid, signal.SIGKILL)
     b.wait()
@@ -121,8 +170,9 @@ def test_two_workers_a_kill_and_a_rerun(env, tmp_path, sweep_dict, write_config,
 
 def test_a_pruned_real_trial_ends_finished_in_mlflow(env, sweep_dict, tiny_world):
     """An untrained model scores 0: a threshold of 0.5 stops the trial at its first validation (tick 2)."""
-    raw = tiny_sweep(sweep_dict, tiny_world, n_trials=1,
-                     pruner={"name": "threshold", "lower": 0.5, "n_warmup_steps": 0})
+    raw = tiny_sweep(
+        sweep_dict, tiny_world, n_trials=1, pruner={"name": "threshold", "lower": 0.5, "n_warmup_steps": 0}
+    )
     from commrl.sweep.config import SweepConfig
     from commrl.sweep.study import init_study
 

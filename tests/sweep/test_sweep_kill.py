@@ -32,8 +32,13 @@ WORKER = HERE / "sweep_fake_worker.py"
 
 
 def start_worker(config: Path, worker: int, out: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(WORKER), str(config), "kill", str(worker), str(out), "0.2"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), str(config), "kill", str(worker), str(out), "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def trial_of(pid: int, root: Path, min_tick: int) -> tuple[Path, int] | None:

@@ -75,8 +75,13 @@ def test_a_collapse_alarm_prunes_the_trial(env, sweep_dict):
 def test_median_pruner_stops_a_trial_below_the_median(env, sweep_dict):
     """The defaults are the fake optimum; a far-off point falls below the median and is stopped early,
     although every trial starts from the same base-model accuracy at tick 0."""
-    sweep_dict.update(n_trials=2, ticks=10, val_every=2, read_at=10,
-                      pruner={"name": "median", "n_startup_trials": 1, "n_warmup_steps": 2})
+    sweep_dict.update(
+        n_trials=2,
+        ticks=10,
+        val_every=2,
+        read_at=10,
+        pruner={"name": "median", "n_startup_trials": 1, "n_warmup_steps": 2},
+    )
     cfg = SweepConfig.from_dict(sweep_dict)
     study = open_study(cfg, init_study(cfg, "median")["study"])
     study.enqueue_trial({"rank": 32, "alpha": 1.0, "beta": 0.9, "cadence": 20})

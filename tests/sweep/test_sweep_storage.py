@@ -34,8 +34,12 @@ def test_two_processes_change_each_trial_once(tmp_path, location, action):
         for _ in range(N):
             study.ask()
     start_at = time.time() + 8  # both processes are up by then and start at the same instant
-    procs = [subprocess.Popen([sys.executable, str(CLAIM), url, str(tmp_path / f"{w}.json"), str(start_at),
-                               action]) for w in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(CLAIM), url, str(tmp_path / f"{w}.json"), str(start_at), action]
+        )
+        for w in (0, 1)
+    ]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     first, second = (set(json.loads((tmp_path / f"{w}.json").read_text())) for w in (0, 1))
     assert not first & second

@@ -48,8 +48,16 @@ def test_summary_writes_every_file_and_logs_them(env, tmp_path, sweep_dict, writ
     assert best["best_params"] == cfg.defaults  # the fake accuracy peaks at the defaults
     trials = pd.read_csv(out / "trials.csv")
     assert list(trials["number"]) == list(range(6))
-    assert {"state", "value", "param_rank", "param_alpha", "param_beta", "param_cadence", "retry_of",
-            "mlflow_run_id"} <= set(trials.columns)
+    assert {
+        "state",
+        "value",
+        "param_rank",
+        "param_alpha",
+        "param_beta",
+        "param_cadence",
+        "retry_of",
+        "mlflow_run_id",
+    } <= set(trials.columns)
     assert trials["mlflow_run_id"].notna().all()
     imp = json.loads((out / "importances.json").read_text())
     assert set(imp["importances"]) == {"rank", "alpha", "beta", "cadence"}

@@ -34,8 +34,14 @@ PARAMS = {"rank": 77, "alpha": 0.25, "beta": 0.5, "cadence": 20}
 
 @pytest.fixture
 def verl_cfg(sweep_dict) -> SweepConfig:
-    sweep_dict.update(pair="A", driver="verl", ticks=8, val_every=2, read_at=8, train_overrides=[
-        "actor_rollout_ref.actor.optim.lr=2e-6"])
+    sweep_dict.update(
+        pair="A",
+        driver="verl",
+        ticks=8,
+        val_every=2,
+        read_at=8,
+        train_overrides=["actor_rollout_ref.actor.optim.lr=2e-6"],
+    )
     sweep_dict["space"]["rank"]["high"] = 256
     sweep_dict["defaults"]["rank"] = 77
     return SweepConfig.from_dict(sweep_dict)
@@ -72,9 +78,23 @@ def test_the_command_line(verl_cfg, tmp_path):
     cmd = verl_command(verl_cfg, PARAMS, tmp_path / "t")
     assert cmd[:4] == [sys.executable, "-m", "commrl.cli.main", "verl-train"]
     assert cmd[4:] == [
-        "--pair", "A", "--condition", "method", "--seed", "0", "--out", str(tmp_path / "t"),
-        "ticks=8", "++ticks_by_condition.method=8", "read_at=8", "val_every=2",
-        "method.rank=77", "method.alpha=0.25", "method.beta=0.5", "method.cadence=20", "method.delay=20",
+        "--pair",
+        "A",
+        "--condition",
+        "method",
+        "--seed",
+        "0",
+        "--out",
+        str(tmp_path / "t"),
+        "ticks=8",
+        "++ticks_by_condition.method=8",
+        "read_at=8",
+        "val_every=2",
+        "method.rank=77",
+        "method.alpha=0.25",
+        "method.beta=0.5",
+        "method.cadence=20",
+        "method.delay=20",
         "actor_rollout_ref.actor.optim.lr=2e-6",
     ]
 
@@ -85,8 +105,9 @@ def test_the_driver_relays_validations_and_nests_the_run(env, verl_cfg, tmp_path
     parent = client.create_run(exp, run_name="sweep/A-method", tags={"kind": "sweep"}).info.run_id
     hooks = Recorder()
     result = VerlDriver(verl_cfg, poll_s=0.2, command=stand_in)(plan(tmp_path, parent), hooks)
-    assert result.val_acc == pytest.approx({0: 0.1, 2: 0.1 + 2 / 770, 4: 0.1 + 4 / 770, 6: 0.1 + 6 / 770,
-                                            8: 0.1 + 8 / 770})
+    assert result.val_acc == pytest.approx(
+        {0: 0.1, 2: 0.1 + 2 / 770, 4: 0.1 + 4 / 770, 6: 0.1 + 6 / 770, 8: 0.1 + 8 / 770}
+    )
     assert [s for kind, s, _ in hooks.seen if kind == "val"] == [0, 2, 4, 6, 8]
     ticks = [s for kind, s, _ in hooks.seen if kind == "tick"]
     assert ticks == sorted(ticks) and ticks[-1] == 8
@@ -154,8 +175,10 @@ def test_the_child_dies_with_the_worker(tmp_path):
     assert not alive(pid)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("commrl.cli.verl_train") is None,
-                    reason="commrl verl-train is not in this checkout yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("commrl.cli.verl_train") is None,
+    reason="commrl verl-train is not in this checkout yet",
+)
 def test_verl_train_dry_run_takes_the_sweeps_arguments(verl_cfg, tmp_path):
     """The real ``commrl verl-train --dry-run`` (CPU): the trial's ticks and knobs reach verl's config."""
     cmd = [*verl_command(verl_cfg, PARAMS, tmp_path / "dry"), "--dry-run"]
@@ -168,8 +191,10 @@ def test_verl_train_dry_run_takes_the_sweeps_arguments(verl_cfg, tmp_path):
     assert {k: method[k] for k in ("rank", "alpha", "beta", "cadence", "delay")} == {**PARAMS, "delay": 20}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("commrl.cli.verl_train") is None,
-                    reason="commrl verl-train is not in this checkout yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("commrl.cli.verl_train") is None,
+    reason="commrl verl-train is not in this checkout yet",
+)
 def test_init_dry_runs_the_paper_trials_and_rejects_a_bad_override(env, verl_cfg):
     bad = dataclasses.replace(verl_cfg, train_overrides=("trainer.no_such_key=1",))
     with pytest.raises(SweepConfigError, match=r"defaults \{'rank': 77.*is not a valid verl-train run"):

@@ -68,17 +68,25 @@ def test_tiny_commands_follow_the_cli_contracts(tiny: Result) -> None:
     pretrain = "commrl pretrain --data results/data/toy --out results/models/tiny-base --seed 0"
     assert _has_command(tiny, pretrain)
     assert _has_command(
-        tiny, "commrl train pair=tiny condition=dense seed=0", f"out_dir={run}",
-        "model.path=results/models/tiny-base", "data.dir=results/data/toy",
+        tiny,
+        "commrl train pair=tiny condition=dense seed=0",
+        f"out_dir={run}",
+        "model.path=results/models/tiny-base",
+        "data.dir=results/data/toy",
         "> results/logs/train/tiny/dense/seed0.log",
     )
     assert _has_command(
-        tiny, f"commrl eval --checkpoint {run}/final --benchmark toy_mc", "--pair tiny", "--backend vllm",
-        f"--summary {run}/summary.json", "--data results/data/toy/test.jsonl",
+        tiny,
+        f"commrl eval --checkpoint {run}/final --benchmark toy_mc",
+        "--pair tiny",
+        "--backend vllm",
+        f"--summary {run}/summary.json",
+        "--data results/data/toy/test.jsonl",
         "--out results/eval/tiny/dense/seed0/toy_mc.json",
     )
     assert _has_command(
-        tiny, "commrl sweep worker --config configs/sweep/tiny.yaml --study tiny-method --worker 1",
+        tiny,
+        "commrl sweep worker --config configs/sweep/tiny.yaml --study tiny-method --worker 1",
         "--out results/sweeps/tiny/tiny-method/worker1.json",
     )
     assert _has_command(tiny, "commrl report --pair tiny --out results/report")
@@ -86,11 +94,13 @@ def test_tiny_commands_follow_the_cli_contracts(tiny: Result) -> None:
 
 def test_paper_commands_follow_the_cli_contracts(paper: Result) -> None:
     assert _has_command(
-        paper, "commrl verl-train --pair B --condition dense --seed 0 --out results/runs/B/dense/seed0",
+        paper,
+        "commrl verl-train --pair B --condition dense --seed 0 --out results/runs/B/dense/seed0",
         "--data-dir results/data --val-file results/data/math500/test.parquet",
     )
     assert _has_command(
-        paper, "commrl prepare --dataset math --source EleutherAI/hendrycks_math",
+        paper,
+        "commrl prepare --dataset math --source EleutherAI/hendrycks_math",
         "--exclude results/data/math500/test.parquet",
     )
     math500 = "--benchmark commrl_math500", "--data results/data/math500/test.jsonl"

@@ -50,8 +50,12 @@ def local_slurm():
 def _run_until_done(workflow: Workflow, args: list[str], timeout: float) -> tuple[int, str]:
     """snakemake with a deadline; on expiry SIGINT (SIGTERM only makes it wait) and cancel its Slurm jobs."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "snakemake", *args], cwd=workflow.root, env=workflow.env(),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=workflow.root,
+        env=workflow.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -75,8 +79,10 @@ def test_workflow_jobs_run_through_slurm_with_their_gpu_request(local_slurm, wor
     assert returncode == 0, out[-3000:]
     for target in targets:
         assert (workflow.root / target).is_file(), target
-    assert (workflow.root / "results" / ".init" / "mlflow.done").read_text().startswith(
-        f"sqlite:///{workflow.root}/results/mlflow.db"
+    assert (
+        (workflow.root / "results" / ".init" / "mlflow.done")
+        .read_text()
+        .startswith(f"sqlite:///{workflow.root}/results/mlflow.db")
     )
 
     submissions = re.findall(r"submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+)/", out)

@@ -1,1 +1,1 @@
-"""Small command-line front ends, one module per rule kind; each only parses arguments and calls the library."""
+"""Small command-line front ends, one module per rule kind: each parses arguments and calls the library."""

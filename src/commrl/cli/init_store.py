@@ -8,9 +8,15 @@ from commrl import tracking
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pair", action="append", default=[], help="create experiment commrl/<pair> (repeatable)")
-    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or results/mlflow.db")
-    parser.add_argument("--stamp", default=None, help="write the URI to this file when done (a Snakemake output)")
+    parser.add_argument(
+        "--pair", action="append", default=[], help="create experiment commrl/<pair> (repeatable)"
+    )
+    parser.add_argument(
+        "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or results/mlflow.db"
+    )
+    parser.add_argument(
+        "--stamp", default=None, help="write the URI to this file when done (a Snakemake output)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

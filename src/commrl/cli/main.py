@@ -11,7 +11,10 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "init-store": ("commrl.cli.init_store", "create the MLflow store (and experiments) once, before parallel jobs"),
+    "init-store": (
+        "commrl.cli.init_store",
+        "create the MLflow store (and experiments) once, before parallel jobs",
+    ),
     "prepare": ("commrl.cli.prepare", "prepare a dataset (MATH, MATH500, DeepScaleR, toy) as verl parquet"),
     "pretrain": ("commrl.cli.pretrain", "pretrain the tiny base policy on the toy task"),
     "train": ("commrl.cli.train", "one training run (local driver), configured with Hydra overrides"),
@@ -23,7 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="commrl", description="commrl: run, sweep, evaluate and compare two-circuit RL training.")
+    parser = argparse.ArgumentParser(
+        prog="commrl", description="commrl: run, sweep, evaluate and compare two-circuit RL training."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)

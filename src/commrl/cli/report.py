@@ -18,13 +18,25 @@ def _threshold(text: str) -> tuple[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pair", action="extend", nargs="+", default=[],
-                        help="pairs to report (repeatable; default: every commrl/<pair> experiment)")
-    parser.add_argument("--tracking-uri", default=None,
-                        help="default: $MLFLOW_TRACKING_URI or results/mlflow.db")
+    parser.add_argument(
+        "--pair",
+        action="extend",
+        nargs="+",
+        default=[],
+        help="pairs to report (repeatable; default: every commrl/<pair> experiment)",
+    )
+    parser.add_argument(
+        "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or results/mlflow.db"
+    )
     parser.add_argument("--out", default="results/report", help="output directory (replaced as a whole)")
-    parser.add_argument("--threshold", action="append", type=_threshold, default=[], metavar="NAME=VALUE",
-                        help="override a claim threshold (see commrl.report.ClaimThresholds), repeatable")
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        type=_threshold,
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a claim threshold (see commrl.report.ClaimThresholds), repeatable",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"commrl report: {err}", file=sys.stderr)
         return 2
     drawn = sum(f.drawn for f in result.figures)
-    print(f"report of {', '.join(result.pairs)} in {result.out_dir}: {drawn} figures, "
-          f"{len(result.notes)} notes; MLflow run {result.run_id}")
+    print(
+        f"report of {', '.join(result.pairs)} in {result.out_dir}: {drawn} figures, "
+        f"{len(result.notes)} notes; MLflow run {result.run_id}"
+    )
     for pair, claims in result.claims.items():
         print(f"  {pair}: " + ", ".join(f"{c.number} {c.status}" for c in claims))
     return 0

@@ -19,9 +19,13 @@ EXIT_INCOMPLETE = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. pair=tiny condition=method rl.ticks=20")
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. pair=tiny condition=method rl.ticks=20"
+    )
     parser.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("--config-dir", type=Path, default=None, help="the Hydra tree (default: configs/train)")
+    parser.add_argument(
+        "--config-dir", type=Path, default=None, help="the Hydra tree (default: configs/train)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

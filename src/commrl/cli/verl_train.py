@@ -37,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="the run's folder")
     parser.add_argument("--data-dir", type=Path, default=None, help="data sets (default: results/data)")
     parser.add_argument(
-        "--val-file", type=Path, default=None,
+        "--val-file",
+        type=Path,
+        default=None,
         help="validation parquet (default: <data-dir>/<val>/test.parquet)",
     )
     parser.add_argument("--config-dir", type=Path, default=None, help="commrl's tree (default: configs/verl)")
@@ -111,8 +113,13 @@ def start_mlflow_run(spec, out_dir: Path, tracking_uri: str, run_id: str | None)
         return run_id
     experiment_id = tracking.ensure_experiment(tracking.experiment_name(spec.pair), tracking_uri, client)
     tags = {
-        "pair": spec.pair, "condition": spec.condition, "codec": spec.method.codec, "seed": str(spec.seed),
-        "git_commit": tracking.git_commit(), "driver": "verl", "kind": "train",
+        "pair": spec.pair,
+        "condition": spec.condition,
+        "codec": spec.method.codec,
+        "seed": str(spec.seed),
+        "git_commit": tracking.git_commit(),
+        "driver": "verl",
+        "kind": "train",
     }
     run_id = client.create_run(experiment_id, run_name=spec.run_name, tags=tags).info.run_id
     tracking.log_params(run_id, {"method": spec.method.to_dict()}, tracking_uri)

@@ -53,7 +53,6 @@ from commrl.compression.projection import (
 )
 from commrl.compression.sign_memory import DenseMemory, sign_correct_
 
-
 SAMPLER_STREAM = 2**31 - 1  # PRF micro-batch id reserved for the sampler's own masks
 
 

@@ -70,7 +70,8 @@ def build_report(
     thresholds = thresholds or ClaimThresholds()
     client = tracking.client(uri)
     run = client.create_run(
-        tracking.ensure_experiment(REPORT_EXPERIMENT, uri, client), run_name=f"report/{'+'.join(pairs)}",
+        tracking.ensure_experiment(REPORT_EXPERIMENT, uri, client),
+        run_name=f"report/{'+'.join(pairs)}",
         tags={"kind": "report", "pairs": ",".join(pairs), "git_commit": tracking.git_commit()},
     )
     tmp = None
@@ -113,8 +114,16 @@ def _write(
         tables = pair_tables(runs)
         notes += runs.notes + [n for f in figures for n in f.notes] + [t.note for t in tables if t.note]
         seeds = Counter(r.condition for r in runs.train)
-        sections.append(PairSection(runs.pair, runs.read_at(), {c: seeds[c] for c in order_conditions(seeds)},
-                                    evaluate_claims(runs, thresholds), tables, figures))
+        sections.append(
+            PairSection(
+                runs.pair,
+                runs.read_at(),
+                {c: seeds[c] for c in order_conditions(seeds)},
+                evaluate_claims(runs, thresholds),
+                tables,
+                figures,
+            )
+        )
     header = [
         f"generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} from {uri}",
         f"pairs: {', '.join(r.pair for r in loaded)}; MLflow run {run_id} in experiment {REPORT_EXPERIMENT}",
@@ -122,21 +131,40 @@ def _write(
     ]
     (tmp / "report.md").write_text(to_markdown(TITLE, header, notes, sections))
     (tmp / "report.html").write_text(to_html(TITLE, header, notes, sections, tmp))
-    _dump(tmp / "tables.json", {
-        "tracking_uri": uri, "run_id": run_id, "notes": notes,
-        "pairs": {s.pair: {"read_at": s.read_at, "seeds": s.seeds,
-                           "tables": {t.key: t.as_dict() for t in s.tables}} for s in sections},
-    })
-    _dump(tmp / "claims.json", {
-        "thresholds": asdict(thresholds),
-        "pairs": {s.pair: [c.as_dict() for c in s.claims] for s in sections},
-    })
+    _dump(
+        tmp / "tables.json",
+        {
+            "tracking_uri": uri,
+            "run_id": run_id,
+            "notes": notes,
+            "pairs": {
+                s.pair: {
+                    "read_at": s.read_at,
+                    "seeds": s.seeds,
+                    "tables": {t.key: t.as_dict() for t in s.tables},
+                }
+                for s in sections
+            },
+        },
+    )
+    _dump(
+        tmp / "claims.json",
+        {
+            "thresholds": asdict(thresholds),
+            "pairs": {s.pair: [c.as_dict() for c in s.claims] for s in sections},
+        },
+    )
     all_figures = [f for s in sections for f in s.figures]
     captions = {f.file: f"{f.title} (pair {f.pair}). {f.caption}" for f in all_figures if f.drawn}
     _dump(tmp / "captions.json", captions)
     return ReportResult(
-        out_dir=tmp, pairs=[s.pair for s in sections], run_id=run_id, figures=all_figures,
-        tables={s.pair: s.tables for s in sections}, claims={s.pair: s.claims for s in sections}, notes=notes,
+        out_dir=tmp,
+        pairs=[s.pair for s in sections],
+        run_id=run_id,
+        figures=all_figures,
+        tables={s.pair: s.tables for s in sections},
+        claims={s.pair: s.claims for s in sections},
+        notes=notes,
     )
 
 
@@ -160,7 +188,8 @@ def _log_claim_counts(client, run_id: str, claims: dict[str, list[Claim]]) -> No
 
     metrics = [
         Metric(f"claims/{pair}/{status.replace('/', '')}", float(sum(c.status == status for c in cs)), 0, 0)
-        for pair, cs in claims.items() for status in ("PASS", "MISS", "n/a")
+        for pair, cs in claims.items()
+        for status in ("PASS", "MISS", "n/a")
     ]
     client.log_batch(run_id, metrics=metrics)
 

@@ -115,25 +115,31 @@ def _method_matches_dense(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str,
     tm, sm = _read(runs, _curve(runs, "method", "score/mean"))
     td, sd = _read(runs, _curve(runs, "dense", "score/mean"))
     gap = abs(sm - sd)
-    return (_status(gap <= t.method_max_score_gap),
-            f"method {sm:.3f} (tick {tm}) vs dense {sd:.3f} (tick {td}), |diff| {gap:.3f}",
-            {"method": sm, "dense": sd, "method_tick": tm, "dense_tick": td, "diff": gap})
+    return (
+        _status(gap <= t.method_max_score_gap),
+        f"method {sm:.3f} (tick {tm}) vs dense {sd:.3f} (tick {td}), |diff| {gap:.3f}",
+        {"method": sm, "dense": sd, "method_tick": tm, "dense_tick": td, "diff": gap},
+    )
 
 
 def _anchor_off_fails(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
     *_, gain_off = _gain(runs, "anchor_off")
     _, _, _, gain_dense = _gain(runs, "dense")
-    return (_status(gain_off <= t.anchor_off_max_gain_fraction * gain_dense),
-            f"anchor_off gain {gain_off:.3f} vs dense gain {gain_dense:.3f}",
-            {"anchor_off_gain": gain_off, "dense_gain": gain_dense})
+    return (
+        _status(gain_off <= t.anchor_off_max_gain_fraction * gain_dense),
+        f"anchor_off gain {gain_off:.3f} vs dense gain {gain_dense:.3f}",
+        {"anchor_off_gain": gain_off, "dense_gain": gain_dense},
+    )
 
 
 def _method_kl_high(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
     tick, km, kd = _kl_at_common(runs, "method", "dense")
     ratio = _ratio(km, kd)
-    return (_status(ratio >= t.kl_min_ratio_method_dense),
-            f"method {km:.4g} vs dense {kd:.4g} nats at tick {tick} (ratio {ratio:.3g})",
-            {"tick": tick, "method": km, "dense": kd, "ratio": ratio})
+    return (
+        _status(ratio >= t.kl_min_ratio_method_dense),
+        f"method {km:.4g} vs dense {kd:.4g} nats at tick {tick} (ratio {ratio:.3g})",
+        {"tick": tick, "method": km, "dense": kd, "ratio": ratio},
+    )
 
 
 def _controls_kl_low(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
@@ -169,20 +175,29 @@ def _method_corr(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
 def _gap_ratio(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
     gm, gd = (_mean_of(runs, c, "mismatch/prob_gap") for c in ("method", "dense"))
     ratio = _ratio(gm, gd)
-    return (_status(ratio >= t.gap_min_ratio), f"method {gm:.4g} vs dense {gd:.4g} (ratio {ratio:.3g})",
-            {"method": gm, "dense": gd, "ratio": ratio})
+    return (
+        _status(ratio >= t.gap_min_ratio),
+        f"method {gm:.4g} vs dense {gd:.4g} (ratio {ratio:.3g})",
+        {"method": gm, "dense": gd, "ratio": ratio},
+    )
 
 
 def _async_clip(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
     cd, cm = (_mean_of(runs, c, "mismatch/async_clip_frac_eps0.2") for c in ("dense", "method"))
-    return (_status(cd <= t.dense_max_async_clip and cm >= t.method_min_async_clip),
-            f"dense {cd:.1%} vs method {cm:.1%} of tokens", {"dense": cd, "method": cm})
+    return (
+        _status(cd <= t.dense_max_async_clip and cm >= t.method_min_async_clip),
+        f"dense {cd:.1%} vs method {cm:.1%} of tokens",
+        {"dense": cd, "method": cm},
+    )
 
 
 def _same_sampler(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
     corr = _mean_of(runs, "method_same_sampler", "mismatch/logprob_corr")
-    return (_status(corr >= t.same_sampler_min_corr), f"method_same_sampler mean corr {corr:.3f}",
-            {"method_same_sampler": corr})
+    return (
+        _status(corr >= t.same_sampler_min_corr),
+        f"method_same_sampler mean corr {corr:.3f}",
+        {"method_same_sampler": corr},
+    )
 
 
 def _validation(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
@@ -191,36 +206,77 @@ def _validation(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
         raise _Missing("val/acc is NaN everywhere")
     (tm, vm), (td, vd) = best["method"], best["dense"]
     gap = abs(vm - vd)
-    return (_status(gap <= t.val_max_gap), f"method {vm:.3f} (tick {tm}) vs dense {vd:.3f} (tick {td})",
-            {"method": vm, "dense": vd, "method_tick": tm, "dense_tick": td, "diff": gap})
+    return (
+        _status(gap <= t.val_max_gap),
+        f"method {vm:.3f} (tick {tm}) vs dense {vd:.3f} (tick {td})",
+        {"method": vm, "dense": vd, "method_tick": tm, "dense_tick": td, "diff": gap},
+    )
 
 
 Check = Callable[[PairRuns, ClaimThresholds], tuple[str, str, dict]]
 # (claim, the note's value, threshold text from the thresholds, check)
 CLAIMS: tuple[tuple[str, str, Callable[[ClaimThresholds], str], Check], ...] = (
-    ("dense learns", "~0.35 at step 1 -> 0.709 at tick 100",
-     lambda t: f"score(read) - start >= {t.dense_min_gain}", _dense_learns),
-    ("method learns as well as dense", "0.715 method vs 0.709 dense at tick 100",
-     lambda t: f"|method - dense| at read <= {t.method_max_score_gap}", _method_matches_dense),
-    ("anchor off does not learn", "stays ~0.34 (no gain)",
-     lambda t: f"gain <= {t.anchor_off_max_gain_fraction} x dense gain", _anchor_off_fails),
-    ("method KL far above dense", "6.1 nats method vs 0.009 dense (0.004 at tick 50)",
-     lambda t: f"KL method / dense at last common tick >= {t.kl_min_ratio_method_dense:g}", _method_kl_high),
-    ("prf_mask and dropout KL stay low", "prf_mask 0.56, dropout ~0.11 vs method ~7.1 nats at tick 150",
-     lambda t: f"KL <= {t.controls_max_kl_fraction} x method KL", _controls_kl_low),
-    ("dense log-probs agree", "corr ~1.0",
-     lambda t: f"mean corr >= {t.dense_min_corr}", _dense_corr),
-    ("method log-probs do not agree", "corr ~0.15",
-     lambda t: f"mean corr <= {t.method_max_corr}", _method_corr),
-    ("prob gap method >> dense", "0.77-0.93 vs ~0.002 (> 300x)",
-     lambda t: f"gap method / dense >= {t.gap_min_ratio:g}", _gap_ratio),
-    ("async clip at eps 0.2: dense keeps, method drops", "< 1% dense vs > 65% compressed (5x clip: ~61%)",
-     lambda t: f"dense <= {t.dense_max_async_clip:.0%} and method >= {t.method_min_async_clip:.0%}",
-     _async_clip),
-    ("sampler on the trainer's codec closes the gap", "proposed fix, not run in the note",
-     lambda t: f"method_same_sampler mean corr >= {t.same_sampler_min_corr}", _same_sampler),
-    ("validation: method as good as dense", "MATH500 0.679 method vs 0.674 dense at tick 100",
-     lambda t: f"|best val method - best val dense| <= {t.val_max_gap}", _validation),
+    (
+        "dense learns",
+        "~0.35 at step 1 -> 0.709 at tick 100",
+        lambda t: f"score(read) - start >= {t.dense_min_gain}",
+        _dense_learns,
+    ),
+    (
+        "method learns as well as dense",
+        "0.715 method vs 0.709 dense at tick 100",
+        lambda t: f"|method - dense| at read <= {t.method_max_score_gap}",
+        _method_matches_dense,
+    ),
+    (
+        "anchor off does not learn",
+        "stays ~0.34 (no gain)",
+        lambda t: f"gain <= {t.anchor_off_max_gain_fraction} x dense gain",
+        _anchor_off_fails,
+    ),
+    (
+        "method KL far above dense",
+        "6.1 nats method vs 0.009 dense (0.004 at tick 50)",
+        lambda t: f"KL method / dense at last common tick >= {t.kl_min_ratio_method_dense:g}",
+        _method_kl_high,
+    ),
+    (
+        "prf_mask and dropout KL stay low",
+        "prf_mask 0.56, dropout ~0.11 vs method ~7.1 nats at tick 150",
+        lambda t: f"KL <= {t.controls_max_kl_fraction} x method KL",
+        _controls_kl_low,
+    ),
+    ("dense log-probs agree", "corr ~1.0", lambda t: f"mean corr >= {t.dense_min_corr}", _dense_corr),
+    (
+        "method log-probs do not agree",
+        "corr ~0.15",
+        lambda t: f"mean corr <= {t.method_max_corr}",
+        _method_corr,
+    ),
+    (
+        "prob gap method >> dense",
+        "0.77-0.93 vs ~0.002 (> 300x)",
+        lambda t: f"gap method / dense >= {t.gap_min_ratio:g}",
+        _gap_ratio,
+    ),
+    (
+        "async clip at eps 0.2: dense keeps, method drops",
+        "< 1% dense vs > 65% compressed (5x clip: ~61%)",
+        lambda t: f"dense <= {t.dense_max_async_clip:.0%} and method >= {t.method_min_async_clip:.0%}",
+        _async_clip,
+    ),
+    (
+        "sampler on the trainer's codec closes the gap",
+        "proposed fix, not run in the note",
+        lambda t: f"method_same_sampler mean corr >= {t.same_sampler_min_corr}",
+        _same_sampler,
+    ),
+    (
+        "validation: method as good as dense",
+        "MATH500 0.679 method vs 0.674 dense at tick 100",
+        lambda t: f"|best val method - best val dense| <= {t.val_max_gap}",
+        _validation,
+    ),
 )
 
 

@@ -38,8 +38,15 @@ class FigureResult:
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
-        return {"file": self.file, "pair": self.pair, "number": self.number, "title": self.title,
-                "caption": self.caption, "drawn": self.drawn, "notes": list(self.notes)}
+        return {
+            "file": self.file,
+            "pair": self.pair,
+            "number": self.number,
+            "title": self.title,
+            "caption": self.caption,
+            "drawn": self.drawn,
+            "notes": list(self.notes),
+        }
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,9 @@ def _no_data(ax: Axes) -> None:
     ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="0.4")
 
 
-def _skipped(runs: PairRuns, file: str, number: int, title: str, caption: str, what: str,
-             expected: Sequence[str]) -> FigureResult:
+def _skipped(
+    runs: PairRuns, file: str, number: int, title: str, caption: str, what: str, expected: Sequence[str]
+) -> FigureResult:
     note = f"Figure {number} skipped ({runs.pair}): no runs with {what} for conditions {', '.join(expected)}"
     return FigureResult(file, runs.pair, number, title, caption, False, (note,))
 
@@ -88,8 +96,17 @@ def _missing_note(
 
 
 def _lines(
-    runs: PairRuns, colours: dict[str, str], out_dir: Path, *, number: int, slug: str, title: str,
-    caption: str, panels: Sequence[Panel], expected: Sequence[str], markers: bool = False,
+    runs: PairRuns,
+    colours: dict[str, str],
+    out_dir: Path,
+    *,
+    number: int,
+    slug: str,
+    title: str,
+    caption: str,
+    panels: Sequence[Panel],
+    expected: Sequence[str],
+    markers: bool = False,
 ) -> FigureResult:
     """A figure of per-tick curves, one panel per metric, one line (and band) per condition."""
     file = file_name(number, slug, runs.pair)
@@ -108,8 +125,9 @@ def _lines(
         ax.set(title=panel.title if len(panels) > 1 else "", xlabel=TICK_LABEL, ylabel=panel.ylabel)
         if not panel_curves:
             _no_data(ax)
-            notes.append(f"Figure {number} ({runs.pair}): panel '{panel.title}' is empty, no runs with "
-                         f"{panel.metric}")
+            notes.append(
+                f"Figure {number} ({runs.pair}): panel '{panel.title}' is empty, no runs with {panel.metric}"
+            )
             continue
         if read is not None:
             ax.axvline(read, linestyle=":", color="0.4", linewidth=1, label=f"read at tick {read}")
@@ -126,9 +144,14 @@ def _lines(
 
 def score_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
     return _lines(
-        runs, colours, out_dir, number=2, slug="score", title="Group score per tick",
+        runs,
+        colours,
+        out_dir,
+        number=2,
+        slug="score",
+        title="Group score per tick",
         caption="Mean verified accuracy of the sampled answers per tick (score/mean), every logged tick, no "
-                "smoothing. The note's Figure 2 (pair A: dense, method, anchor off) and Figure 10 (pair B).",
+        "smoothing. The note's Figure 2 (pair A: dense, method, anchor off) and Figure 10 (pair B).",
         panels=[Panel("score/mean", "group score", "score (fraction correct)")],
         expected=("dense", "method", "anchor_off"),
     )
@@ -136,31 +159,53 @@ def score_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> Figu
 
 def validation_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
     return _lines(
-        runs, colours, out_dir, number=3, slug="val", title="Validation accuracy per read",
+        runs,
+        colours,
+        out_dir,
+        number=3,
+        slug="val",
+        title="Validation accuracy per read",
         caption="Held-out accuracy (val/acc) at tick 0 (the base model) and every val_every ticks. "
-                "The note's Figure 3.",
+        "The note's Figure 3.",
         panels=[Panel("val/acc", "validation accuracy", "accuracy (fraction)")],
-        expected=("dense", "method"), markers=True,
+        expected=("dense", "method"),
+        markers=True,
     )
 
 
 def mismatch_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
     return _lines(
-        runs, colours, out_dir, number=5, slug="mismatch", title="Sampler/trainer mismatch",
+        runs,
+        colours,
+        out_dir,
+        number=5,
+        slug="mismatch",
+        title="Sampler/trainer mismatch",
         caption="Left: Pearson correlation of sampler and trainer log-probs on the response tokens. Right: "
-                "mean |p_sampler - p_trainer| at sampled tokens, log scale. The note's Figure 5.",
-        panels=[Panel("mismatch/logprob_corr", "log-prob correlation", "Pearson correlation"),
-                Panel("mismatch/prob_gap", "probability gap (log scale)",
-                      "mean |p_sampler - p_trainer| (probability)", log=True)],
+        "mean |p_sampler - p_trainer| at sampled tokens, log scale. The note's Figure 5.",
+        panels=[
+            Panel("mismatch/logprob_corr", "log-prob correlation", "Pearson correlation"),
+            Panel(
+                "mismatch/prob_gap",
+                "probability gap (log scale)",
+                "mean |p_sampler - p_trainer| (probability)",
+                log=True,
+            ),
+        ],
         expected=("dense", "method"),
     )
 
 
 def kl_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
     return _lines(
-        runs, colours, out_dir, number=6, slug="kl", title="KL to the reference policy per tick",
+        runs,
+        colours,
+        out_dir,
+        number=6,
+        slug="kl",
+        title="KL to the reference policy per tick",
         caption="actor/kl_loss per tick, every logged tick, linear scale. The note's Figure 6 (dense, "
-                "method, dropout, prf_mask to tick 150).",
+        "method, dropout, prf_mask to tick 150).",
         panels=[Panel("actor/kl_loss", "KL(pi_theta || pi_ref)", "KL (nats)")],
         expected=("dense", "method", "dropout", "prf_mask"),
     )
@@ -168,22 +213,36 @@ def kl_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureR
 
 def async_clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
     return _lines(
-        runs, colours, out_dir, number=8, slug="async_clip", title="What an asynchronous trainer would clip",
+        runs,
+        colours,
+        out_dir,
+        number=8,
+        slug="async_clip",
+        title="What an asynchronous trainer would clip",
         caption="Fraction of response tokens whose ratio pi_trainer / pi_sampler leaves [0.8, 1.2] (left) "
-                "and [0.2, 5] (right). The note's Figure 8.",
-        panels=[Panel("mismatch/async_clip_frac_eps0.2", "clip at eps = 0.2", "fraction of tokens"),
-                Panel("mismatch/async_clip_frac_5x", "clip at 5x", "fraction of tokens")],
+        "and [0.2, 5] (right). The note's Figure 8.",
+        panels=[
+            Panel("mismatch/async_clip_frac_eps0.2", "clip at eps = 0.2", "fraction of tokens"),
+            Panel("mismatch/async_clip_frac_5x", "clip at 5x", "fraction of tokens"),
+        ],
         expected=("dense", "method"),
     )
 
 
 def clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
     return _lines(
-        runs, colours, out_dir, number=9, slug="clip", title="PPO clipping inside the update",
+        runs,
+        colours,
+        out_dir,
+        number=9,
+        slug="clip",
+        title="PPO clipping inside the update",
         caption="Left: fraction of tokens at the clip boundary (actor/pg_clipfrac). Right: within-update "
-                "off-policy KL (actor/ppo_kl). The note's Figure 9 (the method's run).",
-        panels=[Panel("actor/pg_clipfrac", "pg_clipfrac", "fraction of tokens"),
-                Panel("actor/ppo_kl", "ppo_kl", "KL (nats)")],
+        "off-policy KL (actor/ppo_kl). The note's Figure 9 (the method's run).",
+        panels=[
+            Panel("actor/pg_clipfrac", "pg_clipfrac", "fraction of tokens"),
+            Panel("actor/ppo_kl", "ppo_kl", "KL (nats)"),
+        ],
         expected=("method",),
     )
 
@@ -191,8 +250,10 @@ def clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> Figur
 def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
     """Grouped bars: one group per benchmark, one bar per condition (min-max whiskers over seeds)."""
     number, title = 4, "Accuracy per benchmark"
-    caption = ("eval/BENCHMARK/acc of the evaluated checkpoints (mean@1 greedy, avg@8 sampled), mean over "
-               "seeds. The note's Figure 4 (pair A) and Figure 11 (pair B).")
+    caption = (
+        "eval/BENCHMARK/acc of the evaluated checkpoints (mean@1 greedy, avg@8 sampled), mean over "
+        "seeds. The note's Figure 4 (pair A) and Figure 11 (pair B)."
+    )
     file = file_name(number, "benchmarks", runs.pair)
     expected = ("dense", "method")
     scores = eval_scores(runs, "acc")
@@ -211,8 +272,15 @@ def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> 
         lo = np.array([mean[j] - min(v) if v else 0.0 for j, v in enumerate(per)])
         hi = np.array([max(v) - mean[j] if v else 0.0 for j, v in enumerate(per)])
         several = any(len(v) > 1 for v in per)
-        ax.bar(x + (i - (len(conditions) - 1) / 2) * width, mean, width, color=colours[condition],
-               label=condition, yerr=np.vstack([lo, hi]) if several else None, capsize=2)
+        ax.bar(
+            x + (i - (len(conditions) - 1) / 2) * width,
+            mean,
+            width,
+            color=colours[condition],
+            label=condition,
+            yerr=np.vstack([lo, hi]) if several else None,
+            capsize=2,
+        )
     ax.set_xticks(x, [benchmark_label(b) for b in scores], rotation=25, ha="right")
     ax.set(ylabel="accuracy (fraction)", xlabel="benchmark", ylim=(0, 1.05))
     ax.grid(axis="y", alpha=0.3)
@@ -250,6 +318,12 @@ def best_validation_figure(runs: PairRuns, colours: dict[str, str], out_dir: Pat
 
 FigureFn = Callable[[PairRuns, dict[str, str], Path], FigureResult]
 FIGURES: tuple[FigureFn, ...] = (
-    score_figure, validation_figure, benchmark_figure, mismatch_figure, kl_figure, best_validation_figure,
-    async_clip_figure, clip_figure,
+    score_figure,
+    validation_figure,
+    benchmark_figure,
+    mismatch_figure,
+    kl_figure,
+    best_validation_figure,
+    async_clip_figure,
+    clip_figure,
 )

@@ -57,8 +57,10 @@ def _summary(section: PairSection) -> str:
     counts = {s: sum(c.status == s for c in section.claims) for s in ("PASS", "MISS", "n/a")}
     runs = ", ".join(f"{c} ({n} seed{'s' if n > 1 else ''})" for c, n in section.seeds.items()) or "none"
     read = "the last tick (no read_at tag)" if section.read_at is None else f"tick {section.read_at}"
-    return (f"Read at {read}. Training runs: {runs}. Claims: {counts['PASS']} PASS, {counts['MISS']} MISS, "
-            f"{counts['n/a']} n/a.")
+    return (
+        f"Read at {read}. Training runs: {runs}. Claims: {counts['PASS']} PASS, {counts['MISS']} MISS, "
+        f"{counts['n/a']} n/a."
+    )
 
 
 def _md_table(columns: list[str], rows: list[list[Cell]]) -> str:
@@ -75,8 +77,18 @@ def to_markdown(title: str, header: list[str], notes: list[str], sections: list[
     if notes:
         out += ["## Notes", "", *(f"- {n}" for n in notes), ""]
     for s in sections:
-        out += [f"## Pair {s.pair}", "", _summary(s), "", "### Claims: the note against this run", "",
-                _md_table(CLAIM_COLUMNS, _claim_rows(s.claims)), "", "### Tables", ""]
+        out += [
+            f"## Pair {s.pair}",
+            "",
+            _summary(s),
+            "",
+            "### Claims: the note against this run",
+            "",
+            _md_table(CLAIM_COLUMNS, _claim_rows(s.claims)),
+            "",
+            "### Tables",
+            "",
+        ]
         for t in s.tables:
             out += [f"#### {t.title}", ""]
             out += [f"> {t.note}", ""] if t.note else [_md_table(t.columns, t.rows), ""]
@@ -112,8 +124,10 @@ def to_html(
 ) -> str:
     """The same document as ``to_markdown``, with every figure read from ``figure_dir`` and inlined."""
     e = html.escape
-    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style>"
-           f"</head><body><h1>{e(title)}</h1><ul>{''.join(f'<li>{e(h)}</li>' for h in header)}</ul>"]
+    out = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style>"
+        f"</head><body><h1>{e(title)}</h1><ul>{''.join(f'<li>{e(h)}</li>' for h in header)}</ul>"
+    ]
     if notes:
         out.append("<h2>Notes</h2>" + "".join(f'<p class="note">{e(n)}</p>' for n in notes))
     for s in sections:
@@ -127,9 +141,11 @@ def to_html(
         out.append("<h3>Figures</h3>")
         for f in s.figures:
             if f.drawn:
-                out.append(f"<figure><h4>Figure {f.number}: {e(f.title)}</h4>"
-                           f"<img src='{_img(figure_dir / f.file)}' alt='{e(f.title)} (pair {e(f.pair)})'>"
-                           f"<figcaption>{e(f.caption)}</figcaption></figure>")
+                out.append(
+                    f"<figure><h4>Figure {f.number}: {e(f.title)}</h4>"
+                    f"<img src='{_img(figure_dir / f.file)}' alt='{e(f.title)} (pair {e(f.pair)})'>"
+                    f"<figcaption>{e(f.caption)}</figcaption></figure>"
+                )
             out += [f'<p class="note">{e(n)}</p>' for n in f.notes]
     out.append("</body></html>")
     return "\n".join(out) + "\n"

@@ -30,6 +30,7 @@ SWEEP_PARAMS: tuple[str, ...] = ("rank", "alpha", "beta", "cadence")
 class ReportInputError(ValueError):
     """Bad input to the report (a pair, a tag, an option): the message names it and the fix."""
 
+
 TRAIN_METRICS: tuple[str, ...] = (
     "score/mean",
     "actor/kl_loss",
@@ -157,8 +158,11 @@ def _search(client, exp_id: str, filter_string: str) -> list:
     runs, token = [], None
     while True:
         page = client.search_runs(
-            [exp_id], filter_string=filter_string, order_by=["attributes.start_time DESC"],
-            max_results=1000, page_token=token,
+            [exp_id],
+            filter_string=filter_string,
+            order_by=["attributes.start_time DESC"],
+            max_results=1000,
+            page_token=token,
         )
         runs.extend(page)
         token = page.token
@@ -184,15 +188,22 @@ def _load_train(client, exp_id: str, pair: str, notes: list[str]) -> list[TrainR
         name = run.info.run_name or run.info.run_id
         key = (tags.get("condition", "unknown"), tags.get("seed", "0"))
         if key in seen:
-            notes.append(f"{pair}: run {name} ({run.info.run_id}) dropped: a newer run of condition {key[0]} "
-                         f"seed {key[1]} exists")
+            notes.append(
+                f"{pair}: run {name} ({run.info.run_id}) dropped: a newer run of condition {key[0]} "
+                f"seed {key[1]} exists"
+            )
             continue
         seen.add(key)
         if run.info.status != "FINISHED":
             notes.append(f"{pair}: run {name} is {run.info.status}; its logged ticks are included")
         train_run = TrainRun(
-            run_id=run.info.run_id, name=name, condition=key[0], codec=tags.get("codec", ""), seed=key[1],
-            status=run.info.status, read_at=_int_tag(tags, "read_at", name),
+            run_id=run.info.run_id,
+            name=name,
+            condition=key[0],
+            codec=tags.get("codec", ""),
+            seed=key[1],
+            status=run.info.status,
+            read_at=_int_tag(tags, "read_at", name),
             ticks=_int_tag(tags, "ticks", name),
         )
         kept.append((train_run, set(run.data.metrics)))
@@ -218,8 +229,10 @@ def _load_evals(client, exp_id: str, pair: str, train_ids: set[str], notes: list
             notes.append(f"{pair}: evaluation {name} dropped: it names no training run (tag training_run_id)")
             continue
         if parent not in train_ids:
-            notes.append(f"{pair}: evaluation {name} dropped: its training run {parent} is not a kept "
-                         "training run of this pair (missing, or superseded by a newer run)")
+            notes.append(
+                f"{pair}: evaluation {name} dropped: its training run {parent} is not a kept "
+                "training run of this pair (missing, or superseded by a newer run)"
+            )
             continue
         if run.info.status != "FINISHED":
             notes.append(f"{pair}: evaluation {name} dropped: it is {run.info.status}")

@@ -12,10 +12,24 @@ CONDITION_COLOURS: dict[str, str] = {
     "prf_mask": "#9467bd",  # purple
 }
 FALLBACK_COLOURS: tuple[str, ...] = (
-    "#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#e7969c", "#637939", "#843c39",
+    "#ff7f0e",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#e7969c",
+    "#637939",
+    "#843c39",
 )
 CONDITION_ORDER: tuple[str, ...] = (
-    "dense", "method", "no_projection", "anchor_off", "prf_mask", "dropout", "method_same_sampler",
+    "dense",
+    "method",
+    "no_projection",
+    "anchor_off",
+    "prf_mask",
+    "dropout",
+    "method_same_sampler",
 )
 
 BENCHMARK_NAMES: dict[str, str] = {

@@ -54,8 +54,16 @@ def final_scores(runs: PairRuns) -> Table:
     ``gain = score(read) - start``, start the mean of the first three logged ticks; ``ticks asked`` is the
     largest ``ticks`` tag of the condition's runs, ``last tick`` the last tick any of them logged.
     """
-    columns = ["condition", "seeds", "ticks asked", "last tick", "start (first 3 ticks)", "tick", "score",
-               "gain"]
+    columns = [
+        "condition",
+        "seeds",
+        "ticks asked",
+        "last tick",
+        "start (first 3 ticks)",
+        "tick",
+        "score",
+        "gain",
+    ]
     found = cv.curves(runs, "score/mean", _conditions(runs))
     rows: list[list[Cell]] = []
     for condition, curve in found.items():
@@ -65,8 +73,11 @@ def final_scores(runs: PairRuns) -> Table:
         gain = None if score is None else score - start
         last = int(curve.steps[-1])
         rows.append([condition, curve.seeds, max(asked, default=None), last, start, tick, score, gain])
-    return Table("final_scores", "Final scores", columns, rows) if rows else _empty(
-        "final_scores", "Final scores", columns, "score/mean", runs)
+    return (
+        Table("final_scores", "Final scores", columns, rows)
+        if rows
+        else _empty("final_scores", "Final scores", columns, "score/mean", runs)
+    )
 
 
 def best_validation(runs: PairRuns) -> Table:
@@ -77,8 +88,11 @@ def best_validation(runs: PairRuns) -> Table:
         best_tick, best_value = cv.best(curve) or (None, None)
         tick, value = cv.value_at(curve, runs.read_at()) or (None, None)
         rows.append([condition, curve.seeds, float(curve.mean[0]), best_value, best_tick, tick, value])
-    return Table("best_validation", "Best validation accuracy", columns, rows) if rows else _empty(
-        "best_validation", "Best validation accuracy", columns, "val/acc", runs)
+    return (
+        Table("best_validation", "Best validation accuracy", columns, rows)
+        if rows
+        else _empty("best_validation", "Best validation accuracy", columns, "val/acc", runs)
+    )
 
 
 def kl_table(runs: PairRuns, ticks: Sequence[int] = KL_TICKS) -> Table:
@@ -88,8 +102,11 @@ def kl_table(runs: PairRuns, ticks: Sequence[int] = KL_TICKS) -> Table:
     for condition, curve in cv.curves(runs, "actor/kl_loss", _conditions(runs)).items():
         last_tick, last = cv.value_at(curve, None) or (None, None)
         rows.append([condition, curve.seeds, *(cv.exact_at(curve, t) for t in ticks), last_tick, last])
-    return Table("kl", "KL to the reference policy (nats)", columns, rows) if rows else _empty(
-        "kl", "KL to the reference policy (nats)", columns, "actor/kl_loss", runs)
+    return (
+        Table("kl", "KL to the reference policy (nats)", columns, rows)
+        if rows
+        else _empty("kl", "KL to the reference policy (nats)", columns, "actor/kl_loss", runs)
+    )
 
 
 def mismatch_table(runs: PairRuns) -> Table:
@@ -104,8 +121,11 @@ def mismatch_table(runs: PairRuns) -> Table:
         means = [None if c is None else cv.mean_over_ticks(c) for c in found.values()]
         rows.append([condition, seeds, *means])
     title = "Mismatch statistics (mean over ticks)"
-    return Table("mismatch", title, columns, rows) if rows else _empty(
-        "mismatch", title, columns, "mismatch/* metrics", runs)
+    return (
+        Table("mismatch", title, columns, rows)
+        if rows
+        else _empty("mismatch", title, columns, "mismatch/* metrics", runs)
+    )
 
 
 def bytes_table(runs: PairRuns) -> Table:
@@ -113,8 +133,14 @@ def bytes_table(runs: PairRuns) -> Table:
 
     ``cumulative / dense = B_c(t) / B_dense(t)`` at ``t`` the last tick both logged.
     """
-    columns = ["condition", "seeds", "mean ratio vs dense", "last tick", "cumulative bytes",
-               "cumulative / dense"]
+    columns = [
+        "condition",
+        "seeds",
+        "mean ratio vs dense",
+        "last tick",
+        "cumulative bytes",
+        "cumulative / dense",
+    ]
     conditions = _conditions(runs)
     ratio = cv.curves(runs, "comm/ratio_vs_dense", conditions)
     cumulative = cv.curves(runs, "comm/bytes_cumulative", conditions)
@@ -135,8 +161,11 @@ def bytes_table(runs: PairRuns) -> Table:
         mean_ratio = None if r is None else cv.mean_over_ticks(r)
         rows.append([condition, seeds, mean_ratio, last_tick, last, relative])
     title = "Bytes on the wire relative to dense"
-    return Table("bytes", title, columns, rows) if rows else _empty(
-        "bytes", title, columns, "comm/* metrics", runs)
+    return (
+        Table("bytes", title, columns, rows)
+        if rows
+        else _empty("bytes", title, columns, "comm/* metrics", runs)
+    )
 
 
 def eval_scores(runs: PairRuns, metric: str = "acc") -> dict[str, dict[str, list[float]]]:
@@ -160,8 +189,11 @@ def benchmark_table(runs: PairRuns) -> Table:
             rows.append([benchmark_label(benchmark), benchmark, metric, *cells])
     columns = ["benchmark", "task", "metric", *conditions]
     title = "Accuracy per benchmark"
-    return Table("benchmarks", title, columns, rows) if rows else _empty(
-        "benchmarks", title, columns, "eval/BENCHMARK/acc (kind=eval)", runs)
+    return (
+        Table("benchmarks", title, columns, rows)
+        if rows
+        else _empty("benchmarks", title, columns, "eval/BENCHMARK/acc (kind=eval)", runs)
+    )
 
 
 def best_trial(sweep: Sweep):
@@ -189,17 +221,29 @@ def sweep_table(runs: PairRuns) -> Table | None:
         states = Counter(t.state for t in sweep.trials)
         best = best_trial(sweep)
         counts = ", ".join(f"{s} {n}" for s, n in sorted(states.items()))
-        rows.append([
-            sweep.name, sweep.direction, len(sweep.trials), counts,
-            None if best is None else best.name, None if best is None else best.objective,
-            None if best is None else ", ".join(f"{k}={v}" for k, v in _ordered(best.params)),
-        ])
+        rows.append(
+            [
+                sweep.name,
+                sweep.direction,
+                len(sweep.trials),
+                counts,
+                None if best is None else best.name,
+                None if best is None else best.objective,
+                None if best is None else ", ".join(f"{k}={v}" for k, v in _ordered(best.params)),
+            ]
+        )
     return Table("sweeps", "Sweeps", columns, rows)
 
 
 def pair_tables(runs: PairRuns) -> list[Table]:
     """Every table of one pair, in report order (the sweep table only when the pair has sweeps)."""
-    tables = [final_scores(runs), best_validation(runs), kl_table(runs), mismatch_table(runs),
-              bytes_table(runs), benchmark_table(runs)]
+    tables = [
+        final_scores(runs),
+        best_validation(runs),
+        kl_table(runs),
+        mismatch_table(runs),
+        bytes_table(runs),
+        benchmark_table(runs),
+    ]
     sweeps = sweep_table(runs)
     return tables + ([sweeps] if sweeps is not None else [])

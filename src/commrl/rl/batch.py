@@ -82,7 +82,9 @@ def build_batch(
     )
 
 
-def micro_batches(batch: RolloutBatch, size: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, RolloutBatch]]:
+def micro_batches(
+    batch: RolloutBatch, size: int, start: int = 0, stop: int | None = None
+) -> Iterator[tuple[int, RolloutBatch]]:
     """``(microbatch_id, rows)`` over ``batch[start:stop]`` in slices of ``size``; ids are global."""
     stop = batch.size if stop is None else stop
     for lo in range(start, stop, size):

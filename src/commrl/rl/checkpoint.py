@@ -60,5 +60,7 @@ class CheckpointStore:
         if not ticks:
             return None
         tick = ticks[-1]
-        state = torch.load(self.root / f"tick_{tick:06d}" / "state.pt", map_location="cpu", weights_only=False)
+        state = torch.load(
+            self.root / f"tick_{tick:06d}" / "state.pt", map_location="cpu", weights_only=False
+        )
         return tick, state

@@ -100,7 +100,13 @@ class RLConfig:
         _choice(
             "rl.loss_agg_mode",
             self.loss_agg_mode,
-            ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+            (
+                "token-mean",
+                "token-sum",
+                "seq-mean-token-sum",
+                "seq-mean-token-mean",
+                "seq-mean-token-sum-norm",
+            ),
         )
         _range("rl.val_every", self.val_every, 1, None)
         _range("rl.read_at", self.read_at, 1, self.ticks)
@@ -245,7 +251,9 @@ def _range(name: str, value: float, lo: float | None, hi: float | None, lo_open=
     if bad:
         lo_s = "-inf" if lo is None else str(lo)
         hi_s = "inf" if hi is None else str(hi)
-        interval = f"{'(' if lo_open or lo is None else '['}{lo_s}, {hi_s}{')' if hi_open or hi is None else ']'}"
+        interval = (
+            f"{'(' if lo_open or lo is None else '['}{lo_s}, {hi_s}{')' if hi_open or hi is None else ']'}"
+        )
         raise ConfigError(f"{name}={value!r} is out of range; allowed: {interval}")
 
 
@@ -269,11 +277,10 @@ def default_config_dir() -> Path:
 def compose_train_config(overrides: Sequence[str] = (), config_dir: Path | None = None) -> dict[str, Any]:
     """Compose ``configs/train/config.yaml`` with Hydra overrides into a plain resolved mapping."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
-
-    from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
     directory = (config_dir or default_config_dir()).resolve()

@@ -42,7 +42,11 @@ class CollapseMonitor:
 
     def update(self, metrics: Mapping[str, float]) -> list[str]:
         """Feed one tick's metrics; returns the reasons of an alarm (empty when healthy)."""
-        for key, buf in (("actor/kl_loss", self.kl), ("actor/pg_clipfrac", self.clip), ("mismatch/logprob_corr", self.corr)):
+        for key, buf in (
+            ("actor/kl_loss", self.kl),
+            ("actor/pg_clipfrac", self.clip),
+            ("mismatch/logprob_corr", self.corr),
+        ):
             value = metrics.get(key)
             if value is not None and math.isfinite(value):
                 buf.append(float(value))
@@ -52,7 +56,9 @@ class CollapseMonitor:
                 self.corr_reference = sum(self._corr_first) / len(self._corr_first)
         reasons = []
         if len(self.kl) == self.cfg.window and least_squares_slope(list(self.kl)) > self.cfg.kl_slope:
-            reasons.append(f"KL slope {least_squares_slope(list(self.kl)):.3f} > {self.cfg.kl_slope} nats/tick")
+            reasons.append(
+                f"KL slope {least_squares_slope(list(self.kl)):.3f} > {self.cfg.kl_slope} nats/tick"
+            )
         if len(self.clip) == self.cfg.window:
             c = list(self.clip)
             accel = sum(c[i + 1] - 2 * c[i] + c[i - 1] for i in range(1, len(c) - 1)) / (len(c) - 2)
@@ -65,8 +71,13 @@ class CollapseMonitor:
         return reasons
 
     def state_dict(self) -> dict:
-        return {"kl": list(self.kl), "clip": list(self.clip), "corr": list(self.corr),
-                "corr_reference": self.corr_reference, "corr_first": list(self._corr_first)}
+        return {
+            "kl": list(self.kl),
+            "clip": list(self.clip),
+            "corr": list(self.corr),
+            "corr_reference": self.corr_reference,
+            "corr_first": list(self._corr_first),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.kl.extend(state["kl"])

@@ -7,7 +7,9 @@ import torch
 ASYNC_BANDS = {"mismatch/async_clip_frac_eps0.2": (0.8, 1.2), "mismatch/async_clip_frac_5x": (0.2, 5.0)}
 
 
-def mismatch_metrics(sampler_lp: torch.Tensor, trainer_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def mismatch_metrics(
+    sampler_lp: torch.Tensor, trainer_lp: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """Over the response tokens selected by ``mask``:
 
     - ``mismatch/logprob_corr``: Pearson correlation of sampler and trainer log-probs;
@@ -18,7 +20,10 @@ def mismatch_metrics(sampler_lp: torch.Tensor, trainer_lp: torch.Tensor, mask: t
     m = mask.bool()
     s = sampler_lp[m].double()
     t = trainer_lp[m].double()
-    out = {"mismatch/logprob_corr": pearson(s, t), "mismatch/prob_gap": float((s.exp() - t.exp()).abs().mean())}
+    out = {
+        "mismatch/logprob_corr": pearson(s, t),
+        "mismatch/prob_gap": float((s.exp() - t.exp()).abs().mean()),
+    }
     ratio = (t - s).clamp(-30, 30).exp()
     for name, (lo, hi) in ASYNC_BANDS.items():
         out[name] = float(((ratio < lo) | (ratio > hi)).double().mean())

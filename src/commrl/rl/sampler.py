@@ -76,7 +76,9 @@ class Sampler:
 class HFSampler(Sampler):
     """transformers ``generate`` on a private copy of the policy (weights copied at every push)."""
 
-    def __init__(self, model: nn.Module, eos_token_id: int, pad_token_id: int, codec: SamplerCodec | None = None):
+    def __init__(
+        self, model: nn.Module, eos_token_id: int, pad_token_id: int, codec: SamplerCodec | None = None
+    ):
         self.model = copy.deepcopy(model).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -184,19 +186,25 @@ class VLLMSampler(Sampler):
 
     def push_weights(self, model: nn.Module) -> None:
         state = [(k, v.detach()) for k, v in model.state_dict().items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": state, "is_checkpoint_format": True})
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": state, "is_checkpoint_format": True}
+        )
         self.llm.reset_prefix_cache()
 
     def _run(self, prompts, params):
         from vllm.inputs import TokensPrompt
 
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+        )
         return outs
 
     def sample(self, prompts, n, temperature, max_new_tokens, seed):
         from vllm import SamplingParams
 
-        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0, seed=seed)
+        params = SamplingParams(
+            n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0, seed=seed
+        )
         groups = []
         for out in self._run(prompts, params):
             group = []

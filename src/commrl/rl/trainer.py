@@ -42,8 +42,12 @@ from commrl.rl.sampler import HFSampler, Sampler, SamplerCodec, VLLMSampler
 SENTINEL_METRIC = "time/step_s"  # logged every tick: the newest step in MLflow is its newest step
 
 
-class StopTraining(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by a callback (e.g. an Optuna pruner) to end the run early; the run ends FINISHED."""
+class StopTraining(Exception):
+    """Raised by a callback (e.g. an Optuna pruner) to end the run early.
+
+    The trainer checkpoints, ends the MLflow run FINISHED with the tag ``stopped_early`` and returns a
+    ``TrainResult`` whose ``stopped_early`` holds the reason.
+    """
 
 
 class TrainCallbacks:
@@ -104,14 +108,19 @@ def load_prompts(path: Path, tokenizer, limit: int = 0) -> PromptSet:
     ids, truths = [], []
     for prompt, reward in zip(frame["prompt"], frame["reward_model"], strict=True):
         messages = [dict(m) for m in prompt]
-        ids.append(list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                      return_dict=False)))
+        ids.append(
+            list(
+                tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
+        )
         truths.append(str(reward["ground_truth"]))
     return PromptSet(ids, truths)
 
 
 def tick_prompt_indices(n_prompts: int, per_tick: int, tick: int, seed: int) -> list[int]:
-    """The prompts of ``tick``: consecutive slices of per-epoch permutations (a pure function of seed, tick)."""
+    """The prompts of ``tick``: consecutive slices of per-epoch permutations (pure in seed and tick)."""
     start = tick * per_tick
     out: list[int] = []
     while len(out) < per_tick:
@@ -135,6 +144,7 @@ class LocalTrainer:
         self.val_acc: dict[int, float] = {}
         self.run_id: str | None = None
         self.monitor = CollapseMonitor(cfg.health)
+        self._step = 0
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -171,12 +181,14 @@ class LocalTrainer:
         self.val_set = load_prompts(data_dir / cfg.data.val_file, self.tokenizer, cfg.data.val_limit)
         if len(self.train_set) < cfg.rl.prompts_per_tick:
             raise ConfigError(
-                f"rl.prompts_per_tick={cfg.rl.prompts_per_tick} exceeds the {len(self.train_set)} training prompts"
+                f"rl.prompts_per_tick={cfg.rl.prompts_per_tick} exceeds the {len(self.train_set)} "
+                "training prompts"
             )
         per_mini = cfg.rl.prompts_per_tick // cfg.rl.mini_batches * cfg.rl.group_size
         if per_mini % cfg.rl.micro_batch_size and cfg.rl.micro_batch_size < per_mini:
             raise ConfigError(
-                f"rl.micro_batch_size={cfg.rl.micro_batch_size} must divide the mini-batch of {per_mini} sequences"
+                f"rl.micro_batch_size={cfg.rl.micro_batch_size} must divide the mini-batch of "
+                f"{per_mini} sequences"
             )
         self.micro = min(cfg.rl.micro_batch_size, per_mini)
         self.per_mini = per_mini
@@ -191,15 +203,22 @@ class LocalTrainer:
         limit = self.model.config.max_position_embeddings
         if need > limit:
             raise ConfigError(
-                f"prompts of {longest} tokens + sampler.max_new_tokens={cfg.sampler.max_new_tokens} exceed the "
-                f"model's {limit} positions; lower sampler.max_new_tokens"
+                f"prompts of {longest} tokens + sampler.max_new_tokens={cfg.sampler.max_new_tokens} "
+                f"exceed the model's {limit} positions; lower sampler.max_new_tokens"
             )
         if cfg.sampler.backend == "vllm":
             return VLLMSampler(
-                cfg.model.path, cfg.model.dtype, min(limit, need + 8), cfg.seed, cfg.sampler.kv_cache_gib,
-                cfg.sampler.gpu_memory_utilization, self.sampler_codec,
+                cfg.model.path,
+                cfg.model.dtype,
+                min(limit, need + 8),
+                cfg.seed,
+                cfg.sampler.kv_cache_gib,
+                cfg.sampler.gpu_memory_utilization,
+                self.sampler_codec,
             )
-        return HFSampler(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, self.sampler_codec)
+        return HFSampler(
+            self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, self.sampler_codec
+        )
 
     # ------------------------------------------------------------------ tracking
     def _start_tracking(self, resumed_run_id: str | None) -> None:
@@ -235,7 +254,9 @@ class LocalTrainer:
         }
         if self.run.parent_run_id:
             tags["mlflow.parentRunId"] = self.run.parent_run_id
-        name = self.run.run_name or tracking.training_run_name(self.cfg.pair, self.cfg.condition, self.cfg.seed)
+        name = self.run.run_name or tracking.training_run_name(
+            self.cfg.pair, self.cfg.condition, self.cfg.seed
+        )
         run = client.create_run(exp_id, run_name=name, tags=tags)
         self.run_id = run.info.run_id
         self.out.mkdir(parents=True, exist_ok=True)
@@ -247,19 +268,25 @@ class LocalTrainer:
 
     def _flush_metrics(self) -> None:
         """Send pending ticks to MLflow, skipping any the store already has (idempotent after a kill)."""
-        if not self.run_id or not self.pending:
-            self.pending = [] if not self.run_id else self.pending
-            return
-        client = tracking.client(self.tracking_uri)
-        history = client.get_metric_history(self.run_id, SENTINEL_METRIC)
-        logged = max((m.step for m in history), default=-1)
-        fresh = [(s, m) for s, m in self.pending if s > logged]
-        logger = tracking.MetricLogger(self.run_id, self.tracking_uri, flush_every=10**9)
-        for step, metrics in fresh:
-            logger.log(step, metrics)
-        logger.flush()
+        fresh = [(s, m) for s, m in self.pending if s > self._last_logged_step()]
+        if self.run_id and fresh:
+            logger = tracking.MetricLogger(self.run_id, self.tracking_uri, flush_every=10**9)
+            for step, metrics in fresh:
+                logger.log(step, metrics)
+            logger.flush()
         self._append_metrics_table(fresh)
         self.pending = []
+
+    def _last_logged_step(self) -> int:
+        """The newest tick already recorded (in MLflow, else in the metrics table); -1 for none."""
+        if self.run_id:
+            history = tracking.client(self.tracking_uri).get_metric_history(self.run_id, SENTINEL_METRIC)
+            return max((m.step for m in history), default=-1)
+        table = self.out / "metrics.jsonl"
+        if not table.is_file():
+            return -1
+        with open(table) as fh:
+            return max((json.loads(line)["step"] for line in fh if line.strip()), default=-1)
 
     def _append_metrics_table(self, rows: list[tuple[int, dict[str, float]]]) -> None:
         if not rows:
@@ -303,7 +330,10 @@ class LocalTrainer:
         idx = tick_prompt_indices(len(self.train_set), cfg.rl.prompts_per_tick, tick, cfg.seed)
         prompts = [self.train_set.token_ids[i] for i in idx]
         groups = self.sampler.sample(
-            prompts, cfg.rl.group_size, cfg.sampler.temperature, cfg.sampler.max_new_tokens,
+            prompts,
+            cfg.rl.group_size,
+            cfg.sampler.temperature,
+            cfg.sampler.max_new_tokens,
             seed=cfg.seed * 1_000_003 + tick,
         )
         batch = build_batch(prompts, groups, self.tokenizer.pad_token_id, tick)
@@ -344,7 +374,9 @@ class LocalTrainer:
             for mb_id, mb in micro_batches(batch, self.micro):
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
                 lp = response_log_probs(self.model, mb, self.cfg.sampler.temperature)
-                loss, m = grpo.grpo_loss(self.actor_cfg, lp, lp.detach(), ref_dense[rows], adv[rows], mb.response_mask)
+                loss, m = grpo.grpo_loss(
+                    self.actor_cfg, lp, lp.detach(), ref_dense[rows], adv[rows], mb.response_mask
+                )
                 check_finite(float(loss.detach()), self._step)
                 loss.backward()
                 for k, v in m.items():
@@ -364,7 +396,9 @@ class LocalTrainer:
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
                 with self.ctrl.compressed(microbatch_id=mb_id, token_mask=mb.attention_mask.bool()):
                     lp = response_log_probs(self.model, mb, self.cfg.sampler.temperature)
-                    loss, m = grpo.grpo_loss(self.actor_cfg, lp, old[rows], ref[rows], adv[rows], mb.response_mask)
+                    loss, m = grpo.grpo_loss(
+                        self.actor_cfg, lp, old[rows], ref[rows], adv[rows], mb.response_mask
+                    )
                     check_finite(float(loss.detach()), self._step)
                     loss.backward()
                 for k, v in m.items():
@@ -385,12 +419,15 @@ class LocalTrainer:
         old = self._log_probs(self.model, batch, "compressed")
         ref_mode = "compressed" if self.method.kl_ref_forward == "codec" else "dense"
         ref = self._log_probs(self.ref, batch, ref_mode)
-        ref_dense = ref if ref_mode == "dense" else self._log_probs(self.ref, batch, "plain")
+        same = ref_mode == "dense" or self.method.codec == "identity"
+        ref_dense = ref if same else self._log_probs(self.ref, batch, "plain")
         grpo.set_global_batch(self.actor_cfg, mask)
         metrics: dict[str, float] = {
             "score/mean": float(scores.mean()),
             "actor/kl_loss": float(grpo.kl_value(self.actor_cfg, old, ref, mask.bool())),
-            "policy/kl_true_weights": float(grpo.kl_value(self.actor_cfg, batch.sampler_log_probs, ref_dense, mask.bool())),
+            "policy/kl_true_weights": float(
+                grpo.kl_value(self.actor_cfg, batch.sampler_log_probs, ref_dense, mask.bool())
+            ),
             "response_length/mean": float(mask.sum(-1).mean()),
             **mismatch_metrics(batch.sampler_log_probs, old, mask),
         }
@@ -426,7 +463,9 @@ class LocalTrainer:
         prompts = self.val_set.token_ids
         outs = self.sampler.greedy(prompts, self.cfg.sampler.max_new_tokens)
         texts = self.tokenizer.batch_decode(outs, skip_special_tokens=True)
-        acc = float(np.mean([boxed_reward(t, gt) for t, gt in zip(texts, self.val_set.ground_truths, strict=True)]))
+        acc = float(
+            np.mean([boxed_reward(t, gt) for t, gt in zip(texts, self.val_set.ground_truths, strict=True)])
+        )
         self.val_acc[step] = acc
         return acc
 
@@ -447,8 +486,13 @@ class LocalTrainer:
         stopped: str | None = None
         status = "FINISHED"
         ticks = cfg.rl.ticks
-        bar = tqdm(total=ticks, initial=start, desc=f"{cfg.pair}/{cfg.condition}/seed{cfg.seed}", unit="tick",
-                   disable=os.environ.get("COMMRL_NO_PROGRESS") == "1")
+        bar = tqdm(
+            total=ticks,
+            initial=start,
+            desc=f"{cfg.pair}/{cfg.condition}/seed{cfg.seed}",
+            unit="tick",
+            disable=os.environ.get("COMMRL_NO_PROGRESS") == "1",
+        )
         tick = start
         try:
             if start == 0 and 0 not in self.val_acc:
@@ -465,8 +509,11 @@ class LocalTrainer:
                     metrics["val/acc"] = self._validate(step)
                 self.pending.append((step, metrics))
                 bar.update(1)
-                bar.set_postfix(score=f"{metrics['score/mean']:.3f}", kl=f"{metrics['actor/kl_loss']:.3g}",
-                                val=f"{self.val_acc.get(max(self.val_acc), math.nan):.3f}")
+                bar.set_postfix(
+                    score=f"{metrics['score/mean']:.3f}",
+                    kl=f"{metrics['actor/kl_loss']:.3g}",
+                    val=f"{self.val_acc.get(max(self.val_acc), math.nan):.3f}",
+                )
                 self.callbacks.on_tick(step, metrics)
                 if "val/acc" in metrics:
                     self.callbacks.on_validation(step, metrics["val/acc"])
@@ -545,7 +592,7 @@ class LocalTrainer:
         }
 
 
-def train_from_config(cfg: TrainConfig, run: RunSpec | None = None, callbacks: TrainCallbacks | None = None) -> TrainResult:
+def train_from_config(
+    cfg: TrainConfig, run: RunSpec | None = None, callbacks: TrainCallbacks | None = None
+) -> TrainResult:
     return LocalTrainer(cfg, run, callbacks).train()
-
-

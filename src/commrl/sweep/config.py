@@ -26,13 +26,31 @@ PRUNERS: dict[str, dict[str, tuple[type, float]]] = {
     "threshold": {"lower": (float, 0.0), "n_warmup_steps": (int, 0)},
 }
 REQUIRED = (
-    "pair", "condition", "driver", "n_trials", "n_workers", "ticks", "val_every", "read_at", "storage",
-    "space", "defaults",
+    "pair",
+    "condition",
+    "driver",
+    "n_trials",
+    "n_workers",
+    "ticks",
+    "val_every",
+    "read_at",
+    "storage",
+    "space",
+    "defaults",
 )
 # keys of the training config that the sweep sets itself (local driver, cluster driver)
 RESERVED_OVERRIDES = (
-    "pair", "condition", "seed", "out_dir", "rl.ticks", "rl.val_every", "rl.read_at",
-    "ticks", "ticks_by_condition", "read_at", "val_every",
+    "pair",
+    "condition",
+    "seed",
+    "out_dir",
+    "rl.ticks",
+    "rl.val_every",
+    "rl.read_at",
+    "ticks",
+    "ticks_by_condition",
+    "read_at",
+    "val_every",
 )
 TOP_KEYS = (*REQUIRED, "seed", "heartbeat", "sampler", "pruner", "train_overrides")
 

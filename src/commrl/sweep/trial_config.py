@@ -53,10 +53,22 @@ def verl_command(cfg: SweepConfig, params: Mapping[str, Any], out_dir: Path | st
     so it is set to the sweep's ticks too.
     """
     return [
-        sys.executable, "-m", "commrl.cli.main", "verl-train",
-        "--pair", cfg.pair, "--condition", cfg.condition, "--seed", str(cfg.seed), "--out", str(out_dir),
-        f"ticks={cfg.ticks}", f"++ticks_by_condition.{cfg.condition}={cfg.ticks}",
-        f"read_at={cfg.read_at}", f"val_every={cfg.val_every}",
+        sys.executable,
+        "-m",
+        "commrl.cli.main",
+        "verl-train",
+        "--pair",
+        cfg.pair,
+        "--condition",
+        cfg.condition,
+        "--seed",
+        str(cfg.seed),
+        "--out",
+        str(out_dir),
+        f"ticks={cfg.ticks}",
+        f"++ticks_by_condition.{cfg.condition}={cfg.ticks}",
+        f"read_at={cfg.read_at}",
+        f"val_every={cfg.val_every}",
         *method_overrides(params, "verl"),
         *cfg.train_overrides,
     ]
@@ -89,8 +101,9 @@ def check_verl_trials(cfg: SweepConfig) -> None:
     """``commrl verl-train --dry-run`` (CPU) at the defaults and both corners of the space."""
     with tempfile.TemporaryDirectory(prefix="sweep-dry-run-") as tmp:
         for label, point in _check_points(cfg).items():
-            done = subprocess.run([*verl_command(cfg, point, Path(tmp) / "run"), "--dry-run"],
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                [*verl_command(cfg, point, Path(tmp) / "run"), "--dry-run"], capture_output=True, text=True
+            )
             if done.returncode != 0:
                 tail = "\n".join(done.stderr.strip().splitlines()[-5:])
                 raise SweepConfigError(f"{label} {dict(point)} is not a valid verl-train run:\n{tail}")

@@ -48,7 +48,10 @@ def export_hf(checkpoint_dir: Path, tick: int, target: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     merger = FSDPModelMerger(
         ModelMergerConfig(
-            operation="merge", backend="fsdp", local_dir=str(source), target_dir=str(tmp),
+            operation="merge",
+            backend="fsdp",
+            local_dir=str(source),
+            target_dir=str(tmp),
             hf_model_config_path=str(source / "huggingface"),
         )
     )

@@ -37,8 +37,19 @@ ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 # Top-level keys of commrl's tree; an override whose first key is one of these goes to commrl, else to verl.
 # (``resources`` records a job's needs for the Slurm profile; the driver itself does not read it.)
 COMMRL_KEYS = (
-    "pair", "condition", "seed", "model", "dataset", "ticks", "ticks_by_condition", "read_at", "val_every",
-    "attention_dropout", "method", "resources", "verl",
+    "pair",
+    "condition",
+    "seed",
+    "model",
+    "dataset",
+    "ticks",
+    "ticks_by_condition",
+    "read_at",
+    "val_every",
+    "attention_dropout",
+    "method",
+    "resources",
+    "verl",
 )
 
 
@@ -256,7 +267,9 @@ def run_overrides(
     overrides = [f"{key}={hydra_value(value)}" for key, value in flatten(run.verl)]
     overrides += [f"{key}={hydra_value(value)}" for key, value in derived.items()]
     if run.attention_dropout > 0:
-        overrides.append(f"+actor_rollout_ref.model.override_config.attention_dropout={run.attention_dropout!r}")
+        overrides.append(
+            f"+actor_rollout_ref.model.override_config.attention_dropout={run.attention_dropout!r}"
+        )
     overrides += [f"+{ENV_VARS_KEY}.{name}={hydra_value(value)}" for name, value in env.items()]
     return [*overrides, *extra]
 

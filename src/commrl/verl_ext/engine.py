@@ -347,7 +347,6 @@ def _collective_device() -> torch.device:
     return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
 
 
-
 @EngineRegistry.register(
     model_type="language_model", backend=["fsdp", "fsdp2"], device="cuda", vendor="nvidia"
 )

@@ -6,7 +6,15 @@ from commrl.rl.config import ConfigError, TrainConfig, compose_train_config, loa
 
 
 def test_every_condition_composes_with_the_tiny_pair():
-    for cond in ("dense", "method", "no_projection", "anchor_off", "prf_mask", "dropout", "method_same_sampler"):
+    for cond in (
+        "dense",
+        "method",
+        "no_projection",
+        "anchor_off",
+        "prf_mask",
+        "dropout",
+        "method_same_sampler",
+    ):
         raw = compose_train_config([f"condition={cond}", "seed=2"])
         assert raw["condition"] == cond
         assert raw["out_dir"] == f"results/runs/tiny/{cond}/seed2"
