@@ -8,7 +8,6 @@ COMMRL_REQUIRE_SLURM=1 (CI), which turns those into failures.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -22,7 +21,7 @@ from snakemake_run import REPO, Workflow
 SCRIPT = REPO / "scripts" / "local_slurm.sh"
 REQUIRED = os.environ.get("COMMRL_REQUIRE_SLURM") == "1"
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
 
 def _unavailable(reason: str) -> None:
@@ -69,30 +68,32 @@ def _run_until_done(workflow: Workflow, args: list[str], timeout: float) -> tupl
     return proc.returncode, out
 
 
-def test_workflow_jobs_run_through_slurm_with_their_gpu_request(local_slurm, workflow: Workflow) -> None:
-    # TODO(lead): extend to the data -> train -> eval -> report subset once every CLI has landed.
-    targets = ["results/.init/mlflow.done"]
-    if importlib.util.find_spec("commrl.cli.prepare") is not None:
-        targets.append("results/data/toy/manifest.json")
-    args = [*targets, "--profile", "profiles/slurm-local", "--set-resources", "init_store:gpu=1"]
-    returncode, out = _run_until_done(workflow, args, timeout=600)
-    assert returncode == 0, out[-3000:]
-    for target in targets:
-        assert (workflow.root / target).is_file(), target
-    assert (
-        (workflow.root / "results" / ".init" / "mlflow.done")
-        .read_text()
-        .startswith(f"sqlite:///{workflow.root}/results/mlflow.db")
-    )
+SUBSET = REPO / "tests" / "fixtures" / "pipeline" / "slurm-subset.yaml"
+SUBSET_RULES = {"init_store", "prepare_toy", "pretrain", "train_local", "eval", "report"}
+
+
+def test_the_pipeline_subset_runs_through_slurm_with_its_gpu_requests(
+    local_slurm, workflow: Workflow
+) -> None:
+    """data -> base policy -> training -> evaluation -> report, every job an sbatch job (the documented
+    subset, tests/fixtures/pipeline/slurm-subset.yaml); the GPU requests of pretrain and train reach Slurm."""
+    shutil.copy(SUBSET, workflow.root / "subset.yaml")
+    args = ["--configfile", "subset.yaml", "--profile", "profiles/slurm-local"]
+    returncode, out = _run_until_done(workflow, args, timeout=1200)
+    assert returncode == 0, out[-4000:]
+    assert (workflow.root / "results/report/report.md").is_file()
+    summary = workflow.root / "results/runs/tiny/method/seed0/summary.json"
+    assert '"ticks_trained": 4' in summary.read_text()
+    assert (workflow.root / "results/eval/tiny/method/seed0/toy_greedy.json").is_file()
 
     submissions = re.findall(r"submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+)/", out)
     submitted = {rule: job for job, rule in submissions}
-    assert set(submitted) == {"init_store", *(["prepare_toy"] if len(targets) > 1 else [])}, out[-3000:]
-    gpu_job = _scontrol_job(submitted["init_store"])  # the script links the config at /etc/slurm/
-    assert "TresPerJob=gres:gpu:1" in gpu_job and "JobState=COMPLETED" in gpu_job, gpu_job
-    if "prepare_toy" in submitted:
-        cpu_job = _scontrol_job(submitted["prepare_toy"])
-        assert "JobState=COMPLETED" in cpu_job and "gpu" not in cpu_job, cpu_job
+    assert set(submitted) == SUBSET_RULES, out[-3000:]
+    for rule, job in submitted.items():
+        shown = _scontrol_job(job)
+        assert "JobState=COMPLETED" in shown, shown
+        wants_gpu = rule in ("pretrain", "train_local")
+        assert ("gres:gpu:1" in shown) == wants_gpu, (rule, shown)
 
 
 def _scontrol_job(job_id: str) -> str:

@@ -12,6 +12,7 @@ rule pretrain:
     params:
         data=lambda wildcards: data_dir(pair_cfg(wildcards.pair)["train_data"]),
         seed=lambda wildcards: pair_cfg(wildcards.pair)["pretrain"]["seed"],
+        options=lambda wildcards: pretrain_options(wildcards.pair),
         out=lambda wildcards, output: os.path.dirname(output.config),
     wildcard_constraints:
         pair=one_of(pairs_with("local")),
@@ -25,4 +26,4 @@ rule pretrain:
     conda:
         env("cpu")
     shell:
-        "commrl pretrain --data {params.data} --out {params.out} --seed {params.seed} > {log} 2>&1"
+        "commrl pretrain --data {params.data} --out {params.out} --seed {params.seed} {params.options} > {log} 2>&1"

@@ -19,8 +19,6 @@ DATASET_FILES = {
     "math500": ["test.parquet", "test.jsonl"],
     "deepscaler": ["train.parquet"],
 }
-# The key a per-condition `ticks` override sets in each driver's config tree (configs/train/, configs/verl/).
-TICKS_KEY = {"local": "rl.ticks", "verl": "ticks"}
 SCHEMAS = Path(workflow.basedir) / "workflow" / "schemas"
 MLFLOW_STAMP = "results/.init/mlflow.done"
 # The conda environment of each kind of job, per driver (envs/; used with --sdm conda only).
@@ -93,11 +91,28 @@ def train_inputs(pair):
     return inputs
 
 
+def pretrain_options(pair):
+    """`commrl pretrain` flags for the optional knobs of pairs.<pair>.pretrain."""
+    cfg = pair_cfg(pair)["pretrain"]
+    flags = {"max_steps": "--max-steps", "target_acc": "--target-acc", "max_acc": "--max-acc"}
+    options = [f"{flag} {cfg[key]}" for key, flag in flags.items() if key in cfg]
+    if cfg.get("window_check") is False:
+        options.append("--no-window-check")
+    return " ".join(options)
+
+
 def ticks_override(pair, condition):
-    """The driver override asking for this condition's ticks, or nothing (the driver config decides)."""
+    """The driver override asking for this condition's ticks, or nothing (the driver config decides).
+
+    The local driver reads such a run at its last tick; the verl driver keeps the pair's read point.
+    """
     cfg = pair_cfg(pair)
     ticks = cfg["ticks"].get(condition)
-    return f"{TICKS_KEY[cfg['driver']]}={ticks}" if ticks else ""
+    if not ticks:
+        return ""
+    if cfg["driver"] == "local":
+        return f"rl.ticks={ticks} rl.read_at={ticks}"
+    return f"ticks={ticks}"
 
 
 def eval_data(pair, benchmark):
@@ -180,10 +195,17 @@ def all_runs():
     ]
 
 
+def evaluated(pair, condition):
+    """Whether the pipeline evaluates this condition of the pair on its benchmarks."""
+    chosen = pair_cfg(pair)["eval"].get("conditions")
+    return chosen is None or condition in chosen
+
+
 def all_evals():
     return [
         f"results/eval/{pair}/{condition}/seed{seed}/{benchmark}.json"
         for pair, condition, seed in all_runs()
+        if evaluated(pair, condition)
         for benchmark in pair_cfg(pair)["eval"]["benchmarks"]
     ]
 
@@ -207,6 +229,11 @@ def check_config():
             if condition not in cfg["conditions"]:
                 raise WorkflowError(
                     f"pairs.{pair}.ticks.{condition}: {condition!r} is not in pairs.{pair}.conditions"
+                )
+        for condition in cfg["eval"].get("conditions", []):
+            if condition not in cfg["conditions"]:
+                raise WorkflowError(
+                    f"pairs.{pair}.eval.conditions: {condition!r} is not in pairs.{pair}.conditions"
                 )
         if "sweep" in cfg:
             sweep_config(pair)

@@ -2,7 +2,8 @@
 
 Writes ``OUT/`` (model, tokenizer) and ``OUT/base_accuracy.json`` (greedy validation accuracy, T=1 pass
 rate, steps, seconds, seed). Exits 1 when the greedy accuracy did not land in ``[--target-acc,
---max-acc]`` within ``--max-steps`` (the directory is still written, so the run can be inspected).
+--max-acc]`` within ``--max-steps`` (the directory is still written, so the run can be inspected), unless
+``--no-window-check`` (a quick smoke base policy, e.g. for a pipeline subset).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="(default %(default)s)")
+    parser.add_argument(
+        "--no-window-check",
+        action="store_true",
+        help="exit 0 even when the accuracy ends outside the window (report it as a warning)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if not result["in_window"]:
         print(
-            f"commrl pretrain: greedy exact match {result['greedy_exact_match']:.3f} is outside "
+            f"commrl pretrain: {'warning' if args.no_window_check else 'error'}: greedy exact match {result['greedy_exact_match']:.3f} is outside "
             f"[--target-acc {cfg.target_acc}, --max-acc {cfg.max_acc}] after {result['steps']} steps; "
             "raise --max-steps (below the window) or widen the window (above it)",
             file=sys.stderr,
         )
-        return 1
+        return 0 if args.no_window_check else 1
     return 0

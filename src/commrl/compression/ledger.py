@@ -14,7 +14,7 @@ method sends and the bytes a dense run would have sent for the same work:
 Bytes recorded while ``anchor()`` is active are also summed as ``comm/bytes_anchor``. Shapes are the full
 (unsharded) shapes, so every rank of a sharded run keeps the same model-level ledger.
 
-``python -m commrl.compression.ledger`` prints the analytic ratio to dense for pair A (Qwen2.5-1.5B).
+``python -m commrl.compression`` prints the analytic ratio to dense for pair A (Qwen2.5-1.5B).
 """
 
 from __future__ import annotations

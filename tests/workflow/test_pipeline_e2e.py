@@ -1,0 +1,116 @@
+"""The default pipeline for real: `snakemake --cores 2` on the tiny pair, from nothing to the report.
+
+One run of the whole DAG (data, base policy, seven training runs, evaluations, the Optuna sweep, the
+report) in a private copy of the workflow; the tests below read what it produced. This is the check CI
+relies on for the tiny pipeline end to end (marker ``e2e``; ~10 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from PIL import Image
+from snakemake_run import Workflow
+
+from commrl import tracking
+
+pytestmark = pytest.mark.e2e
+
+CONDITIONS = ("dense", "method", "no_projection", "anchor_off", "prf_mask", "dropout", "method_same_sampler")
+TICKS = 40
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory) -> Workflow:
+    wf = Workflow(tmp_path_factory.mktemp("tiny-pipeline"))
+    result = wf.snakemake("--cores", "2", timeout=2400)
+    assert result.returncode == 0, result.output[-5000:]
+    return wf
+
+
+def _uri(wf: Workflow) -> str:
+    return f"sqlite:///{wf.root / 'results' / 'mlflow.db'}"
+
+
+def test_base_policy_lands_in_its_accuracy_window(pipeline):
+    acc = json.loads((pipeline.root / "results/models/tiny-base/base_accuracy.json").read_text())
+    assert 0.25 <= acc["greedy_acc"] <= 0.50
+    assert acc["pass_rate_t1"] > 0.05  # GRPO needs groups with mixed rewards
+
+
+def test_every_run_trained_every_tick_and_is_tracked(pipeline):
+    client = tracking.client(_uri(pipeline))
+    for condition in CONDITIONS:
+        summary = json.loads(
+            (pipeline.root / f"results/runs/tiny/{condition}/seed0/summary.json").read_text()
+        )
+        assert summary["ticks_trained"] == summary["ticks_asked"] == TICKS, condition
+        run = client.get_run(summary["mlflow_run_id"])
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["condition"] == condition and run.data.tags["pair"] == "tiny"
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "score/mean"))
+        assert steps == list(range(1, TICKS + 1)), condition
+        vals = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/acc"))
+        assert vals == [0, 10, 20, 30, 40], condition
+
+
+def test_the_dense_run_learns(pipeline):
+    client = tracking.client(_uri(pipeline))
+    summary = json.loads((pipeline.root / "results/runs/tiny/dense/seed0/summary.json").read_text())
+    val = {m.step: m.value for m in client.get_metric_history(summary["mlflow_run_id"], "val/acc")}
+    assert max(val.values()) >= val[0] + 0.1
+
+
+def test_evaluations_are_nested_under_their_training_runs(pipeline):
+    client = tracking.client(_uri(pipeline))
+    for condition in ("dense", "method"):
+        run_id = json.loads(
+            (pipeline.root / f"results/runs/tiny/{condition}/seed0/summary.json").read_text()
+        )["mlflow_run_id"]
+        for benchmark in ("toy_greedy", "toy_avg8", "toy_mc"):
+            out = json.loads(
+                (pipeline.root / f"results/eval/tiny/{condition}/seed0/{benchmark}.json").read_text()
+            )
+            assert out["benchmark"] == benchmark
+            children = client.search_runs(
+                [client.get_run(run_id).info.experiment_id],
+                filter_string=f"tags.mlflow.parentRunId = '{run_id}' and tags.benchmark = '{benchmark}'",
+            )
+            assert len(children) == 1 and f"eval/{benchmark}/acc" in children[0].data.metrics
+
+
+def test_the_sweep_used_exactly_its_budget(pipeline):
+    summary = pipeline.root / "results/sweeps/tiny/tiny-method/summary"
+    with open(summary / "trials.csv") as fh:
+        states = [row["state"] for row in csv.DictReader(fh)]
+    assert sum(s in ("COMPLETE", "PRUNED") for s in states) == 4
+    assert json.loads((summary / "best_params.json").read_text())
+
+
+def test_the_report_has_the_figures_and_the_claims(pipeline):
+    report = pipeline.root / "results/report"
+    pngs = sorted(report.glob("fig*.png"))
+    assert len(pngs) >= 8
+    for png in pngs:
+        with Image.open(png) as img:
+            assert img.format == "PNG" and img.size[0] > 300
+    claims = json.loads((report / "claims.json").read_text())
+    assert len(claims["pairs"]["tiny"]) == 11
+    assert {c["status"] for c in claims["pairs"]["tiny"]} <= {"PASS", "MISS", "n/a"}
+    assert "Claims" in (report / "report.md").read_text()
+
+
+def test_one_benchmark_on_one_checkpoint_is_one_job(pipeline):
+    target = "results/eval/tiny/prf_mask/seed0/toy_greedy.json"
+    result = pipeline.snakemake(target, "--cores", "2", timeout=600)
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.counts() == {"eval": 1}
+    assert (pipeline.root / target).is_file()
+
+
+def test_a_finished_pipeline_has_nothing_left_to_do(pipeline):
+    result = pipeline.snakemake("-n", "--cores", "2")
+    assert result.returncode == 0
+    assert "Nothing to be done" in result.output
