@@ -10,7 +10,7 @@ pipeline: setup
 	snakemake --cores 2
 
 test: setup
-	pytest
+	pytest -m "not slow"
 
 lint: setup
 	ruff check src tests benchmarks workflow scripts

@@ -68,9 +68,12 @@ def test_bad_config_is_rejected_naming_the_field(sweep_dict, field, value, messa
 
 
 def test_the_shipped_configs_are_valid_and_enqueue_the_notes_settings():
+    from commrl.rl.config import compose_train_config
+
     tiny = load_sweep_config(REPO / "configs/sweep/tiny.yaml")
-    assert tiny.defaults == {"rank": 6, "alpha": 0.25, "beta": 0.25, "cadence": 5}
-    assert (tiny.ticks, tiny.read_at, tiny.driver, tiny.storage.kind) == (60, 60, "local", "rdb")
+    pair = compose_train_config(["pair=tiny"], REPO / "configs" / "train")["method"]
+    assert tiny.defaults == {k: pair[k] for k in ("rank", "alpha", "beta", "cadence")}  # the tiny pair's own
+    assert (tiny.ticks, tiny.read_at, tiny.driver, tiny.storage.kind) == (20, 20, "local", "rdb")
     assert tiny.space["rank"].log and tiny.space["rank"].high < 128  # below the tiny hidden size
     paper = load_sweep_config(REPO / "configs/sweep/paper_A.yaml")
     assert paper.defaults == {"rank": 77, "alpha": 0.25, "beta": 0.25, "cadence": 20}

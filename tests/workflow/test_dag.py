@@ -11,7 +11,7 @@ TINY_JOBS = {
     "prepare_toy": 1,
     "pretrain": 1,
     "train_local": TINY_CONDITIONS,
-    "eval": TINY_CONDITIONS * 3,  # toy_greedy, toy_avg8, toy_mc
+    "eval": 2 * 3,  # dense and method (eval.conditions) x toy_greedy, toy_avg8, toy_mc
     "sweep_init": 1,
     "sweep_worker": 2,
     "sweep_summary": 1,
@@ -77,7 +77,7 @@ def test_tiny_commands_follow_the_cli_contracts(tiny: Result) -> None:
     )
     assert _has_command(
         tiny,
-        f"commrl eval --checkpoint {run}/final --benchmark toy_mc",
+        "commrl eval --benchmark toy_mc",
         "--pair tiny",
         "--backend vllm",
         f"--summary {run}/summary.json",
@@ -104,7 +104,8 @@ def test_paper_commands_follow_the_cli_contracts(paper: Result) -> None:
         "--exclude results/data/math500/test.parquet",
     )
     math500 = "--benchmark commrl_math500", "--data results/data/math500/test.jsonl"
-    assert _has_command(paper, "commrl eval --checkpoint results/runs/B/dense/seed0/final", *math500)
+    summary = "--summary results/runs/B/dense/seed0/summary.json"  # the model at the read tick comes from it
+    assert _has_command(paper, "commrl eval", *math500, summary)
     assert not _has_command(paper, "--benchmark commrl_aime24", "--data")  # the benchmark registry's hub id
 
 
@@ -217,6 +218,14 @@ def test_ticks_for_a_condition_not_run_is_an_error(workflow: Workflow) -> None:
     result = workflow.snakemake("-n", "--configfile", workflow.write_config(config))
     assert result.returncode != 0
     assert "pairs.tiny.ticks.method: 'method' is not in pairs.tiny.conditions" in result.output
+
+
+def test_evaluating_a_condition_not_run_is_an_error(workflow: Workflow) -> None:
+    config = workflow.config()
+    config["pairs"]["tiny"]["conditions"] = ["dense"]
+    result = workflow.snakemake("-n", "--configfile", workflow.write_config(config))
+    assert result.returncode != 0
+    assert "pairs.tiny.eval.conditions: 'method' is not in pairs.tiny.conditions" in result.output
 
 
 def test_sweep_file_without_worker_count_fails_naming_file_and_key(workflow: Workflow) -> None:

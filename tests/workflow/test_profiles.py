@@ -36,7 +36,7 @@ def test_profile_slurm_by_name_from_the_root(workflow: Workflow) -> None:
 @pytest.mark.parametrize("name", PROFILES)
 def test_every_profile_parses_and_drives_a_dry_run(workflow: Workflow, name: str) -> None:
     result = workflow.dry_run("--profile", f"profiles/{name}")
-    assert result.counts()["eval"] == 21
+    assert result.counts()["eval"] == 6
 
 
 @pytest.mark.parametrize("name", PROFILES)

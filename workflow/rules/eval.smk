@@ -1,5 +1,6 @@
 # One benchmark on one checkpoint = one job: results/eval/<pair>/<condition>/seed<k>/<benchmark>.json.
-# The run's summary.json carries the MLflow run id the evaluation is nested under.
+# The run's summary.json carries the MLflow run id the evaluation is nested under and the model at the
+# pair's read tick (final/, or tick<read_at>/ for runs that train past it, such as pair A's KL runs).
 
 
 rule eval:
@@ -20,5 +21,5 @@ rule eval:
     conda:
         pair_env("eval")
     shell:
-        "commrl eval --checkpoint {input.checkpoint} --benchmark {wildcards.benchmark} --pair {wildcards.pair}"
+        "commrl eval --benchmark {wildcards.benchmark} --pair {wildcards.pair}"
         " --backend {params.backend} --summary {input.summary} {params.options} --out {output} > {log} 2>&1"

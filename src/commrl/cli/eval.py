@@ -18,7 +18,11 @@ from commrl.eval.runner import BACKENDS
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--checkpoint", required=True, help="HF model directory (a training run's final/)")
+    add(
+        "--checkpoint",
+        default=None,
+        help="HF model directory; default: the read point recorded in --summary (the pair's read tick)",
+    )
     add("--benchmark", required=True, choices=list(BENCHMARKS), metavar="NAME", help=", ".join(BENCHMARKS))
     add("--backend", choices=BACKENDS, default="hf", help="lm-eval model backend (default hf)")
     add("--out", default=None, help="summary JSON, written last; the results and samples go beside it")
@@ -35,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or results/mlflow.db")
 
 
-def training_run_id(summary: str | Path) -> str | None:
-    """The ``mlflow_run_id`` of a training run's ``summary.json`` (None when the run was not tracked)."""
+def read_summary(summary: str | Path) -> dict:
+    """A training run's ``summary.json`` (both drivers write one)."""
     path = Path(summary)
     if not path.is_file():
         raise EvalError(f"--summary {path} does not exist; train the run first or pass --run-id")
@@ -46,7 +50,21 @@ def training_run_id(summary: str | Path) -> str | None:
         raise EvalError(f"--summary {path} is not JSON ({err.msg}); pass --run-id instead") from err
     if not isinstance(data, dict) or "mlflow_run_id" not in data:
         raise EvalError(f"--summary {path} has no mlflow_run_id key; pass --run-id instead")
-    return data["mlflow_run_id"]
+    return data
+
+
+def training_run_id(summary: str | Path) -> str | None:
+    """The ``mlflow_run_id`` of a training run's ``summary.json`` (None when the run was not tracked)."""
+    return read_summary(summary)["mlflow_run_id"]
+
+
+def read_point_checkpoint(summary: str | Path) -> str:
+    """The HF directory of the run at its read tick (``read``), else its last tick (``final``)."""
+    data = read_summary(summary)
+    found = data.get("read") or data.get("final") or data.get("final_dir")
+    if not found:
+        raise EvalError(f"--summary {summary} records no exported model (read/final); pass --checkpoint")
+    return str(found)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,8 +77,13 @@ def run(args: argparse.Namespace) -> int:
                 f"commrl eval: {args.summary} records no MLflow run; the evaluation run is not nested",
                 file=sys.stderr,
             )
+        if args.checkpoint is None and args.summary is None:
+            raise EvalError(
+                "give --checkpoint DIR, or --summary of a training run to evaluate its read point"
+            )
+        checkpoint = args.checkpoint or read_point_checkpoint(args.summary)
         summary = evaluate_checkpoint(
-            args.checkpoint,
+            checkpoint,
             args.benchmark,
             backend=args.backend,
             out=args.out,

@@ -74,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
         f"T=1 pass rate {result['pass_rate_t1']:.3f}, {result['steps']} steps, {result['seconds']:.0f} s"
     )
     if not result["in_window"]:
+        level = "warning" if args.no_window_check else "error"
         print(
-            f"commrl pretrain: {'warning' if args.no_window_check else 'error'}: greedy exact match {result['greedy_exact_match']:.3f} is outside "
+            f"commrl pretrain: {level}: greedy exact match {result['greedy_exact_match']:.3f} is outside "
             f"[--target-acc {cfg.target_acc}, --max-acc {cfg.max_acc}] after {result['steps']} steps; "
             "raise --max-steps (below the window) or widen the window (above it)",
             file=sys.stderr,

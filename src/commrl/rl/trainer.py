@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -525,6 +526,8 @@ class LocalTrainer:
                     self.callbacks.on_validation(step, metrics["val/acc"])
                 if reasons and cfg.health.stop_on_alarm:
                     raise StopTraining("collapse alarm: " + "; ".join(reasons))
+                if step == cfg.rl.read_at and step < ticks:
+                    self._save_hf(self.out / f"tick{step}")
                 if step % cfg.checkpoint.every == 0 or step == ticks:
                     self._checkpoint(step)
                 tick = step
@@ -547,16 +550,19 @@ class LocalTrainer:
         return result
 
     def _save_final(self) -> Path:
-        final = self.out / "final"
-        tmp = self.out / ".final.tmp"
+        return self._save_hf(self.out / "final")
+
+    def _save_hf(self, target: Path) -> Path:
+        """The live (true) weights and the tokenizer as an HF model directory, written atomically."""
+        tmp = target.with_name(f".{target.name}.tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
         self.model.save_pretrained(tmp)
         self.tokenizer.save_pretrained(tmp)
-        if final.exists():
-            import shutil
-
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return final
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        return target
 
     def _write_summary(self, result: TrainResult) -> None:
         summary = {
@@ -570,11 +576,20 @@ class LocalTrainer:
             "mlflow_run_id": result.mlflow_run_id,
             "final_dir": result.final_dir,
             "read_at": self.cfg.rl.read_at,
+            "read": self._read_dir(result),
             "val_acc": {str(k): v for k, v in sorted(result.val_acc.items())},
         }
         tmp = self.out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         os.replace(tmp, self.out / "summary.json")
+
+    def _read_dir(self, result: TrainResult) -> str | None:
+        """The model at the read tick: ``tick<read_at>/`` when it came before the last tick, else final."""
+        read_at = self.cfg.rl.read_at
+        if read_at == result.ticks_trained:
+            return result.final_dir
+        exported = self.out / f"tick{read_at}"
+        return str(exported) if read_at < result.ticks_trained and exported.is_dir() else None
 
     def _finish_run(self, status: str, tags: dict[str, str]) -> None:
         if not self.run_id:
