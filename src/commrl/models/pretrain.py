@@ -23,11 +23,12 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from commrl.data.files import read_split, staged_dir
+from commrl.data.files import read_split
 from commrl.data.schema import DataError
 from commrl.data.toy import toy_response
 from commrl.models.tiny import TinyModelShape, build_char_tokenizer, build_tiny_model, save_model_dir
 from commrl.rl.reward import boxed_reward
+from commrl.staging import staged_dir
 
 ACCURACY_FILE = "base_accuracy.json"
 IGNORE_INDEX = -100

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,6 +27,7 @@ from commrl.report.render import PairSection, to_html, to_markdown
 from commrl.report.runs import REPORT_EXPERIMENT, PairRuns, ReportInputError, list_pairs, load_pair
 from commrl.report.style import condition_colours, order_conditions
 from commrl.report.tables import Table, pair_tables
+from commrl.staging import staged_dir
 
 TITLE = "commrl report: the note's figures and tables from tracked runs"
 REPORT_FILES = ("report.md", "report.html", "tables.json", "claims.json", "captions.json")
@@ -74,17 +73,12 @@ def build_report(
         run_name=f"report/{'+'.join(pairs)}",
         tags={"kind": "report", "pairs": ",".join(pairs), "git_commit": tracking.git_commit()},
     )
-    tmp = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        result = _write(loaded, tmp, uri, run.info.run_id, thresholds)
-        client.log_artifacts(run.info.run_id, str(tmp))
-        _log_claim_counts(client, run.info.run_id, result.claims)
-        _swap_in(tmp, out)
+        with staged_dir(out) as stage:
+            result = _write(loaded, stage, uri, run.info.run_id, thresholds)
+            client.log_artifacts(run.info.run_id, str(stage))
+            _log_claim_counts(client, run.info.run_id, result.claims)
     except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         client.set_terminated(run.info.run_id, "FAILED")
         raise
     client.set_terminated(run.info.run_id, "FINISHED")
@@ -192,14 +186,3 @@ def _log_claim_counts(client, run_id: str, claims: dict[str, list[Claim]]) -> No
         for status in ("PASS", "MISS", "n/a")
     ]
     client.log_batch(run_id, metrics=metrics)
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by ``tmp`` with two renames; the old report is removed only once the new one is in."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        out.rename(old / out.name)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -9,14 +9,9 @@ logged to the study's MLflow parent run, under ``summary/``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import shutil
-import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from commrl import tracking
+from commrl.staging import staged_dir
 from commrl.sweep.budget import finished
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.storage import retry_history
@@ -38,24 +34,6 @@ def dashboard_hint(cfg: SweepConfig) -> str:
         f"browse the study: pip install optuna-dashboard && optuna-dashboard {cfg.storage.dashboard_target}"
         "  (then open http://127.0.0.1:8080)"
     )
-
-
-@contextlib.contextmanager
-def staged_dir(out: Path) -> Iterator[Path]:
-    """A fresh folder beside ``out`` that replaces it on success and vanishes on error."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
-    try:
-        yield stage
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(stage, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(stage, out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def trial_row(trial: FrozenTrial, names: list[str]) -> dict[str, Any]:
