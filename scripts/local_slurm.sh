@@ -186,9 +186,21 @@ status() {
   return $rc
 }
 
+unlink_config() {  # undo start's links at /etc/slurm, restoring the files they replaced: a config left pointing
+  # at a stopped controller makes every `scontrol` (which the slurm executor plugin runs on import) wait ~9 s
+  local f bak
+  for f in slurm.conf gres.conf; do
+    [[ -L /etc/slurm/$f && $(readlink "/etc/slurm/$f") == "$BASE/etc/$f" ]] || continue
+    rm -f "/etc/slurm/$f"
+    bak=$(ls -t "/etc/slurm/$f".bak.* 2>/dev/null | head -n 1 || true)
+    if [[ -n $bak ]]; then mv "$bak" "/etc/slurm/$f"; fi
+  done
+}
+
 stop() {
   local d
   for d in "${DAEMONS[@]}"; do stop_pid "$BASE/run/$d.pid"; done
+  unlink_config
   if [[ ${1:-} == --purge ]]; then
     rm -rf "${BASE:?}"/state/ctld/* "${BASE:?}"/state/d/* "${BASE:?}"/log/*
     say "purged job state and logs under $BASE"

@@ -44,6 +44,11 @@ def local_slurm():
     yield
     if not was_running:
         subprocess.run([SCRIPT, "stop"], capture_output=True, timeout=120)
+        # A config left at the default path, naming a stopped controller, makes every later `scontrol`
+        # (run by the slurm executor plugin when Snakemake starts) wait ~9 s for it.
+        base = os.path.realpath(os.environ.get("LOCAL_SLURM_DIR", REPO / ".local-slurm"))
+        left = "/etc/slurm/slurm.conf"
+        assert not (os.path.islink(left) and os.readlink(left).startswith(base)), f"stop left {left} linked"
 
 
 def _run_until_done(workflow: Workflow, args: list[str], timeout: float) -> tuple[int, str]:
