@@ -53,14 +53,8 @@ def read_summary(summary: str | Path) -> dict:
     return data
 
 
-def training_run_id(summary: str | Path) -> str | None:
-    """The ``mlflow_run_id`` of a training run's ``summary.json`` (None when the run was not tracked)."""
-    return read_summary(summary)["mlflow_run_id"]
-
-
-def read_point_checkpoint(summary: str | Path) -> str:
+def read_point_checkpoint(summary: str | Path, data: dict) -> str:
     """The HF directory of the run at its read tick (``read``), else its last tick (``final``)."""
-    data = read_summary(summary)
     found = data.get("read") or data.get("final") or data.get("final_dir")
     if not found:
         raise EvalError(f"--summary {summary} records no exported model (read/final); pass --checkpoint")
@@ -71,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from commrl.eval import USER_ERRORS, evaluate_checkpoint
 
     try:
-        run_id = args.run_id or (training_run_id(args.summary) if args.summary else None)
+        trained = read_summary(args.summary) if args.summary else {}
+        run_id = args.run_id or trained.get("mlflow_run_id")
         if args.summary and run_id is None:
             print(
                 f"commrl eval: {args.summary} records no MLflow run; the evaluation run is not nested",
@@ -81,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             raise EvalError(
                 "give --checkpoint DIR, or --summary of a training run to evaluate its read point"
             )
-        checkpoint = args.checkpoint or read_point_checkpoint(args.summary)
+        checkpoint = args.checkpoint or read_point_checkpoint(args.summary, trained)
         summary = evaluate_checkpoint(
             checkpoint,
             args.benchmark,

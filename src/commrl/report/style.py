@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from commrl.rl.config import CONDITIONS
+
 CONDITION_COLOURS: dict[str, str] = {
     "dense": "#2ca02c",  # green
     "method": "#1f77b4",  # blue
@@ -22,15 +24,7 @@ FALLBACK_COLOURS: tuple[str, ...] = (
     "#637939",
     "#843c39",
 )
-CONDITION_ORDER: tuple[str, ...] = (
-    "dense",
-    "method",
-    "no_projection",
-    "anchor_off",
-    "prf_mask",
-    "dropout",
-    "method_same_sampler",
-)
+CONDITION_ORDER: tuple[str, ...] = CONDITIONS  # the drivers' conditions, in the note's order
 
 BENCHMARK_NAMES: dict[str, str] = {
     "commrl_math500": "MATH500",

@@ -17,7 +17,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from commrl.rl.logprobs import response_log_probs
 from commrl.rl.mismatch import mismatch_metrics
 from commrl.rl.reward import boxed_reward
 from commrl.rl.sampler import HFSampler, Sampler, SamplerCodec, VLLMSampler
+from commrl.staging import staged_dir
 
 SENTINEL_METRIC = "time/step_s"  # logged every tick: the newest step in MLflow is its newest step
 
@@ -554,14 +554,9 @@ class LocalTrainer:
 
     def _save_hf(self, target: Path) -> Path:
         """The live (true) weights and the tokenizer as an HF model directory, written atomically."""
-        tmp = target.with_name(f".{target.name}.tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        self.model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        with staged_dir(target) as stage:
+            self.model.save_pretrained(stage)
+            self.tokenizer.save_pretrained(stage)
         return target
 
     def _write_summary(self, result: TrainResult) -> None:

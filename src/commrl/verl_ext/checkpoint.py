@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from commrl.staging import staged_dir
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -44,21 +45,18 @@ def export_hf(checkpoint_dir: Path, tick: int, target: Path) -> Path:
     if not (source / "huggingface").is_dir():
         raise FileNotFoundError(f"{source} is not a verl FSDP actor checkpoint (no huggingface/ in it)")
     target = Path(target)
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merger = FSDPModelMerger(
-        ModelMergerConfig(
-            operation="merge",
-            backend="fsdp",
-            local_dir=str(source),
-            target_dir=str(tmp),
-            hf_model_config_path=str(source / "huggingface"),
+    with staged_dir(target) as stage:
+        merger = FSDPModelMerger(
+            ModelMergerConfig(
+                operation="merge",
+                backend="fsdp",
+                local_dir=str(source),
+                target_dir=str(stage),
+                hf_model_config_path=str(source / "huggingface"),
+            )
         )
-    )
-    merger.merge_and_save()
-    merger.cleanup()
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
+        merger.merge_and_save()
+        merger.cleanup()
     return target
 
 
