@@ -9,7 +9,8 @@ constant), temperature 1.0, KL coefficient 0.001, clip 0.2, grad-norm 1.0, float
 ``per_device_train_batch_size=64, gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=1``,
 so one generation batch = 128 completions = one commrl tick, split into 2 mini-batches of 64 with one
 optimizer step each (commrl: ``rl.mini_batches=2``, ``rl.micro_batch_size=64``); because the 2 optimizer steps
-share one generation, TRL computes the old log-probs in a forward pass as commrl does. ``loss_type="dapo"``
+share one generation, TRL computes the old log-probs in a forward pass (commrl: for the second mini-batch
+only; the first one's training forward is its own old pass). ``loss_type="dapo"``
 (token mean over the mini-batch, verl's ``token-mean``), ``scale_rewards="group"`` (commrl
 ``rl.norm_adv_by_std``), ``gradient_checkpointing=False`` (TRL's default is on; commrl does not recompute);
 TRL's KL term is k3 where commrl's ``low_var_kl`` is k3 clamped (the same cost). TRL's sampling time is timed

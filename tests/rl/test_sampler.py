@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 from commrl.compression import MethodConfig, TwoCircuitController
 from commrl.rl.batch import build_batch
 from commrl.rl.logprobs import response_log_probs
+from commrl.rl.packing import use_shared_prefix_attention
 from commrl.rl.sampler import HFSampler, SamplerCodec, VLLMSampler
 from commrl.rl.vllm_env import vllm_installed
 
@@ -16,9 +17,11 @@ PROMPTS = [[4, 50, 51, 52, 53], [4, 60, 61], [4, 70, 71, 72, 73, 74, 75]]
 
 
 def _trainer_log_probs(model, prompts, groups):
+    """The trainer's forward (shared-prefix layout); a sampler built later on ``model`` generates on sdpa."""
+    use_shared_prefix_attention(model)
     batch = build_batch(prompts, groups, pad_id=0, tick=0)
     with torch.no_grad():
-        lp = response_log_probs(model.eval(), batch, temperature=1.0)
+        lp = response_log_probs(model.eval(), batch.pack(), batch.responses, temperature=1.0)
     return batch, lp
 
 
@@ -63,8 +66,9 @@ def test_vllm_and_hf_agree_and_the_codec_hook_matches_the_trainer(small_model):
         codec.update(ctrl.sampler_codec_fn())
         groups = vllm.sample(PROMPTS, n=2, temperature=1.0, max_new_tokens=12, seed=5)
         batch = build_batch(PROMPTS, groups, pad_id=0, tick=0)
-        with torch.no_grad(), ctrl.compressed(token_mask=batch.attention_mask.bool()):
-            lp = response_log_probs(model.eval(), batch, temperature=1.0)
+        pack = batch.pack()
+        with torch.no_grad(), ctrl.compressed(token_mask=pack.token_mask):
+            lp = response_log_probs(model.eval(), pack, batch.responses, temperature=1.0)
         mask = batch.response_mask.bool()
         assert torch.allclose(batch.sampler_log_probs[mask], lp[mask], atol=1e-3)
     finally:

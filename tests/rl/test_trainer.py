@@ -15,7 +15,7 @@ from rl_helpers import overrides
 
 from commrl import tracking
 from commrl.rl.config import ConfigError, load_train_config
-from commrl.rl.trainer import LocalTrainer
+from commrl.rl.trainer import LocalTrainer, TrainCallbacks
 
 
 def _history(uri: str, run_id: str, key: str) -> list[int]:
@@ -147,3 +147,53 @@ def test_kill_then_rerun_resumes_with_exactly_one_value_per_tick(tmp_path, toy_d
     resumed = load_file(tmp_path / "run" / "final" / "model.safetensors")
     uninterrupted = load_file(straight / "final" / "model.safetensors")
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+@pytest.mark.parametrize("condition", ["dense", "method"])
+def test_first_mini_batch_reuses_its_training_forward_as_old_log_probs(
+    tmp_path, toy_data, small_model, condition
+):
+    """The reuse skips one old-log-prob pass per micro-batch of the first mini-batch and changes nothing."""
+
+    class Recorder(TrainCallbacks):
+        def __init__(self) -> None:
+            self.ticks: list[dict[str, float]] = []
+
+        def on_tick(self, step: int, metrics: dict[str, float]) -> None:
+            self.ticks.append(metrics)
+
+    class WithoutReuse(LocalTrainer):
+        def _setup(self) -> None:
+            super()._setup()
+            self.forward_is_deterministic = False
+
+    runs = {}
+    for name, cls in (("reuse", LocalTrainer), ("separate", WithoutReuse)):
+        extra = (f"condition={condition}", "method.cadence=100", "tracking.enabled=false")
+        cfg = load_train_config(
+            [*overrides(small_model, toy_data, tmp_path / name, "", *extra), "rl.ticks=3", "rl.read_at=3"]
+        )
+        recorder, calls = Recorder(), []
+        trainer = cls(cfg, callbacks=recorder)
+        trainer._setup = _counting_forwards(trainer, calls)
+        trainer.train()
+        runs[name] = (recorder.ticks, len(calls), trainer.model.state_dict())
+    (reuse, n_reuse, w_reuse), (separate, n_separate, w_separate) = runs["reuse"], runs["separate"]
+    fast_ticks = 3 if condition == "dense" else 2  # the method's anchor fires at tick 0 (no fast update)
+    assert n_separate - n_reuse == fast_ticks * 2  # 2 micro-batches of 4 rows in the first mini-batch of 8
+    for a, b in zip(reuse, separate, strict=True):
+        for key in ("actor/kl_loss", "actor/pg_loss", "actor/ppo_kl", "mismatch/logprob_corr", "score/mean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+    for key, value in w_reuse.items():
+        assert torch.allclose(value, w_separate[key], atol=1e-5), key
+
+
+def _counting_forwards(trainer: LocalTrainer, calls: list) -> object:
+    """Wrap ``trainer._setup`` so that every forward of the trained policy is appended to ``calls``."""
+    setup = trainer._setup
+
+    def counted() -> None:
+        setup()
+        trainer.model.register_forward_pre_hook(lambda *_: calls.append(1))
+
+    return counted

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from commrl.rl.packing import SharedPrefixPack, pack_shared_prefix
 from commrl.rl.sampler import Completion
 
 
@@ -35,6 +36,12 @@ class RolloutBatch:
     @property
     def response_length(self) -> int:
         return self.responses.shape[1]
+
+    def pack(self) -> SharedPrefixPack:
+        """The rows packed with one copy of each prompt (the layout of the trainer's forward passes)."""
+        return pack_shared_prefix(
+            self.input_ids, self.attention_mask, self.response_length, self.prompt_index
+        )
 
     def rows(self, idx: slice) -> RolloutBatch:
         return RolloutBatch(

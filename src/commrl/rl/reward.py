@@ -7,10 +7,13 @@ signature, so the cluster driver uses the same function (``reward.custom_reward_
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
 from commrl.data.boxed import last_boxed
+
+_INTEGER = re.compile(r"[+-]?\d+")
 
 
 def verify_answer(ground_truth: str, answer: str) -> bool:
@@ -32,9 +35,12 @@ def boxed_reward(response: str, ground_truth: str) -> float:
     answer = last_boxed(response)
     if answer is None or not answer.strip():
         return 0.0
-    if answer.strip() == str(ground_truth).strip():
+    answer, truth = answer.strip(), str(ground_truth).strip()
+    if answer == truth:
         return 1.0
-    return 1.0 if verify_answer(str(ground_truth), answer) else 0.0
+    if _INTEGER.fullmatch(answer) and _INTEGER.fullmatch(truth):  # math-verify's verdict, ~1000x faster
+        return float(int(answer) == int(truth))
+    return 1.0 if verify_answer(truth, answer) else 0.0
 
 
 def compute_score(

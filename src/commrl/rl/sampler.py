@@ -93,21 +93,40 @@ class HFSampler(Sampler):
     def push_weights(self, model: nn.Module) -> None:
         self.model.load_state_dict(model.state_dict())
 
+    def _shared_prompt_cache(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
+        """KV cache of ``ids[:, :-1]`` computed once per prompt, then repeated for its ``n`` samples."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache.batch_repeat_interleave(n)
+        return cache
+
     @torch.no_grad()
     def _generate(self, prompts, max_new_tokens, do_sample, temperature, n, seed):
-        rows = [list(p) for p in prompts for _ in range(n)]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
+        """``n`` samples of each prompt; each prompt's prefill runs once (all but its last token)."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(list(p))
+            mask[i, width - len(p) :] = 1
+        cache = self._shared_prompt_cache(ids, mask, n) if width > 1 else None
+        ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
         kwargs = dict(do_sample=do_sample, temperature=temperature) if do_sample else dict(do_sample=False)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
+                past_key_values=cache,
                 max_new_tokens=max_new_tokens,
                 eos_token_id=self.eos,
                 pad_token_id=self.pad,
@@ -121,7 +140,7 @@ class HFSampler(Sampler):
         logits = torch.stack(out.logits, dim=1).float() / (temperature if do_sample else 1.0)
         logp = torch.log_softmax(logits, dim=-1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
         completions = []
-        for i in range(len(rows)):
+        for i in range(ids.shape[0]):
             toks = gen[i].tolist()
             end = toks.index(self.eos) + 1 if self.eos in toks else len(toks)
             completions.append(Completion(toks[:end], logp[i, :end].tolist()))

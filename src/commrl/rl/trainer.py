@@ -7,6 +7,9 @@ One tick (method.md §1-3):
   fast tick:  per mini-batch, forward/backward through the codec -> PowerSGD + sign correction -> update ->
   push the new weights to the sampler; validate every ``val_every`` ticks; checkpoint every ``every`` ticks.
 
+Every forward pass of the trainer runs a micro-batch in the shared-prefix layout (``commrl.rl.packing``): each
+prompt once, no padding; it computes the padded layout's log-probs at about a third of its cost here.
+
 Metrics reach MLflow at each checkpoint, from the same state the checkpoint holds, so a rerun after a
 kill resumes into the same MLflow run with exactly one value per tick.
 """
@@ -36,6 +39,7 @@ from commrl.rl.config import ConfigError, TrainConfig
 from commrl.rl.health import CollapseMonitor, NonFiniteLossError, check_finite
 from commrl.rl.logprobs import response_log_probs
 from commrl.rl.mismatch import mismatch_metrics
+from commrl.rl.packing import use_shared_prefix_attention
 from commrl.rl.reward import boxed_reward
 from commrl.rl.sampler import HFSampler, Sampler, SamplerCodec, VLLMSampler
 from commrl.staging import staged_dir
@@ -196,6 +200,11 @@ class LocalTrainer:
         self.actor_cfg = grpo.actor_config(cfg.rl, per_mini)
         self.sampler_codec = SamplerCodec() if cfg.sampler.codec == "same" else None
         self.sampler = self._build_sampler()
+        self.forward_is_deterministic = cfg.model.attention_dropout == 0 and not any(
+            isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules()
+        )
+        use_shared_prefix_attention(self.model)  # after the HF sampler copied the model: it generates on sdpa
+        use_shared_prefix_attention(self.ref)
 
     def _build_sampler(self) -> Sampler:
         cfg = self.cfg
@@ -344,24 +353,25 @@ class LocalTrainer:
         return batch, scores
 
     @torch.no_grad()
-    def _log_probs(self, model, batch: RolloutBatch, mode: str) -> torch.Tensor:
-        """Log-probs over the whole batch in fixed micro-batches.
+    def _log_probs(self, model, batch: RolloutBatch, mode: str, start: int = 0) -> torch.Tensor:
+        """Log-probs over the batch in fixed micro-batches; rows before ``start`` are left NaN.
 
         mode: ``compressed`` (through the codec), ``dense`` (uncompressed, counted by the ledger) or
         ``plain`` (no session of the driver's own: the controller's calibration sketch, or an uncounted
         diagnostic pass).
         """
         model.eval()
-        parts = []
-        for mb_id, mb in micro_batches(batch, self.micro):
+        parts = [torch.full((start, batch.response_length), math.nan)]
+        for mb_id, mb in micro_batches(batch, self.micro, start):
+            pack = mb.pack()
             if mode == "compressed":
-                ctx = self.ctrl.compressed(microbatch_id=mb_id, token_mask=mb.attention_mask.bool())
+                ctx = self.ctrl.compressed(microbatch_id=mb_id, token_mask=pack.token_mask)
             elif mode == "dense":
                 ctx = self.ctrl.dense()
             else:
                 ctx = contextlib.nullcontext()
             with ctx:
-                parts.append(response_log_probs(model, mb, self.cfg.sampler.temperature))
+                parts.append(response_log_probs(model, pack, mb.responses, self.cfg.sampler.temperature))
         return torch.cat(parts)
 
     def _dense_replay(self, batch, adv, ref_dense, metrics_out: dict) -> Callable[[], None]:
@@ -374,7 +384,7 @@ class LocalTrainer:
             acc: dict[str, list[float]] = {}
             for mb_id, mb in micro_batches(batch, self.micro):
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
-                lp = response_log_probs(self.model, mb, self.cfg.sampler.temperature)
+                lp = response_log_probs(self.model, mb.pack(), mb.responses, self.cfg.sampler.temperature)
                 loss, m = grpo.grpo_loss(
                     self.actor_cfg, lp, lp.detach(), ref_dense[rows], adv[rows], mb.response_mask
                 )
@@ -386,7 +396,9 @@ class LocalTrainer:
 
         return replay
 
-    def _fast_update(self, batch, adv, old, ref) -> dict[str, float]:
+    def _fast_update(self, batch, adv, old, ref, fill_first: bool = False) -> dict[str, float]:
+        """One optimizer step per mini-batch through the codec. ``fill_first``: ``old`` has no rows for the
+        first mini-batch yet; its training forward (same weights, codec and randomness) provides them."""
         acc: dict[str, list[float]] = {}
         self.model.train()
         for start in range(0, batch.size, self.per_mini):
@@ -395,8 +407,11 @@ class LocalTrainer:
             grpo.set_global_batch(self.actor_cfg, batch.response_mask[start:stop])
             for mb_id, mb in micro_batches(batch, self.micro, start, stop):
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
-                with self.ctrl.compressed(microbatch_id=mb_id, token_mask=mb.attention_mask.bool()):
-                    lp = response_log_probs(self.model, mb, self.cfg.sampler.temperature)
+                pack = mb.pack()
+                with self.ctrl.compressed(microbatch_id=mb_id, token_mask=pack.token_mask):
+                    lp = response_log_probs(self.model, pack, mb.responses, self.cfg.sampler.temperature)
+                    if fill_first and start == 0:
+                        old[rows] = lp.detach()
                     loss, m = grpo.grpo_loss(
                         self.actor_cfg, lp, old[rows], ref[rows], adv[rows], mb.response_mask
                     )
@@ -417,16 +432,17 @@ class LocalTrainer:
         t_sample = time.perf_counter() - t0
         adv = grpo.grpo_advantages(scores, batch.response_mask, batch.uids, cfg.rl.norm_adv_by_std)
         mask = batch.response_mask
-        old = self._log_probs(self.model, batch, "compressed")
+        fire = self.ctrl.is_fire_tick()
+        # On a plain fast tick the first mini-batch's training forward is the old-log-prob pass itself (same
+        # weights, codec and randomness; no dropout), so the old pass skips its rows (verl's on-policy case).
+        reuse = not fire and not self.ctrl.is_calibration_tick() and self.forward_is_deterministic
+        old = self._log_probs(self.model, batch, "compressed", start=self.per_mini if reuse else 0)
         ref_mode = "compressed" if self.method.kl_ref_forward == "codec" else "dense"
         ref = self._log_probs(self.ref, batch, ref_mode)
-        fire = self.ctrl.is_fire_tick()
         grpo.set_global_batch(self.actor_cfg, mask)
         metrics: dict[str, float] = {
             "score/mean": float(scores.mean()),
-            "actor/kl_loss": float(grpo.kl_value(self.actor_cfg, old, ref, mask.bool())),
             "response_length/mean": float(mask.sum(-1).mean()),
-            **mismatch_metrics(batch.sampler_log_probs, old, mask),
             "anchor/fire": float(fire),
         }
         # The dense reference: the anchor's replay needs it; the true-weight KL read-out (sampler policy
@@ -450,7 +466,10 @@ class LocalTrainer:
         else:
             if self.ctrl.is_calibration_tick():
                 self.ctrl.calibrate(lambda: self._log_probs(self.model, batch, "plain"))
-            metrics.update(self._fast_update(batch, adv, old, ref))
+            metrics.update(self._fast_update(batch, adv, old, ref, fill_first=reuse))
+        grpo.set_global_batch(self.actor_cfg, mask)
+        metrics["actor/kl_loss"] = float(grpo.kl_value(self.actor_cfg, old, ref, mask.bool()))
+        metrics.update(mismatch_metrics(batch.sampler_log_probs, old, mask))
         metrics.pop("actor/kl_loss_minibatch", None)
         metrics.update(self.ctrl.end_tick())
         t_train = time.perf_counter() - t0 - t_sample
