@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -115,9 +116,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory) -> list[dict]:
     """fork, not spawn: the children inherit the imported torch and transformers (spawn re-imports them,
-    about ten times slower on a shared 2-core machine)."""
+    about ten times slower on a shared 2-core machine). Forking a process with other threads alive (an
+    in-process vLLM engine of an earlier test leaves some) can deadlock the children: then spawn."""
     out = tmp_path_factory.mktemp("two_ranks")
-    mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True, start_method="fork")
+    method = "fork" if threading.active_count() == 1 else "spawn"
+    mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True, start_method=method)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
 
 
