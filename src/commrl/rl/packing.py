@@ -42,7 +42,7 @@ class SharedPrefixPack:
 
     input_ids: Tensor  # [1, n]
     position_ids: Tensor  # [1, n]
-    prompt_slots: Tensor  # [g, P] packed index of each prompt token (prompts right-aligned at 0)
+    prompt_slots: Tensor  # [g, P] packed index of each prompt token (from slot 0, padded on the right)
     prompt_valid: Tensor  # [g, P] bool
     response_slots: Tensor  # [b, R'] packed index of each response token, R' = longest response
     response_valid: Tensor  # [b, R'] bool
