@@ -162,22 +162,28 @@ def test_first_mini_batch_reuses_its_training_forward_as_old_log_probs(
         def on_tick(self, step: int, metrics: dict[str, float]) -> None:
             self.ticks.append(metrics)
 
-    class WithoutReuse(LocalTrainer):
+    class Counting(LocalTrainer):
+        """Counts every forward of the trained policy; ``reuse=False`` turns the reuse off."""
+
+        def __init__(self, cfg, reuse: bool, **kwargs) -> None:
+            super().__init__(cfg, **kwargs)
+            self.reuse, self.forwards = reuse, 0
+
         def _setup(self) -> None:
             super()._setup()
-            self.forward_is_deterministic = False
+            self.forward_is_deterministic &= self.reuse
+            self.model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
 
     runs = {}
-    for name, cls in (("reuse", LocalTrainer), ("separate", WithoutReuse)):
+    for name, reuse in (("reuse", True), ("separate", False)):
         extra = (f"condition={condition}", "method.cadence=100", "tracking.enabled=false")
         cfg = load_train_config(
             [*overrides(small_model, toy_data, tmp_path / name, "", *extra), "rl.ticks=3", "rl.read_at=3"]
         )
-        recorder, calls = Recorder(), []
-        trainer = cls(cfg, callbacks=recorder)
-        trainer._setup = _counting_forwards(trainer, calls)
+        recorder = Recorder()
+        trainer = Counting(cfg, reuse, callbacks=recorder)
         trainer.train()
-        runs[name] = (recorder.ticks, len(calls), trainer.model.state_dict())
+        runs[name] = (recorder.ticks, trainer.forwards, trainer.model.state_dict())
     (reuse, n_reuse, w_reuse), (separate, n_separate, w_separate) = runs["reuse"], runs["separate"]
     fast_ticks = 3 if condition == "dense" else 2  # the method's anchor fires at tick 0 (no fast update)
     assert n_separate - n_reuse == fast_ticks * 2  # 2 micro-batches of 4 rows in the first mini-batch of 8
@@ -186,14 +192,3 @@ def test_first_mini_batch_reuses_its_training_forward_as_old_log_probs(
             assert a[key] == pytest.approx(b[key], abs=1e-5), key
     for key, value in w_reuse.items():
         assert torch.allclose(value, w_separate[key], atol=1e-5), key
-
-
-def _counting_forwards(trainer: LocalTrainer, calls: list) -> object:
-    """Wrap ``trainer._setup`` so that every forward of the trained policy is appended to ``calls``."""
-    setup = trainer._setup
-
-    def counted() -> None:
-        setup()
-        trainer.model.register_forward_pre_hook(lambda *_: calls.append(1))
-
-    return counted
