@@ -8,7 +8,7 @@ One tick (method.md §1-3):
   push the new weights to the sampler; validate every ``val_every`` ticks; checkpoint every ``every`` ticks.
 
 Every forward pass of the trainer runs a micro-batch in the shared-prefix layout (``commrl.rl.packing``): each
-prompt once, no padding; it computes the padded layout's log-probs at about a third of its cost here.
+prompt once, no padding; it computes the padded layout's log-probs on fewer tokens.
 
 Metrics reach MLflow at each checkpoint, from the same state the checkpoint holds, so a rerun after a
 kill resumes into the same MLflow run with exactly one value per tick.
