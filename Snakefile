@@ -3,6 +3,7 @@
 #   snakemake --cores 2                                   the tiny pair end to end (configs/pipeline/tiny.yaml)
 #   snakemake --configfile configs/pipeline/paper.yaml --profile slurm       pairs A and B on a Slurm cluster
 #   snakemake results/eval/tiny/method/seed0/toy_greedy.json --cores 2      one benchmark on one run
+#   snakemake results/studies/tiny-regime/summary --cores 2                 a grid study (not default)
 #   snakemake --report results/report.html                                    the figures, bundled
 # Targets go before --configfile (it takes several values). A --configfile replaces the default config
 # rather than being merged over it: give the whole config (e.g. a copy of tiny.yaml with changes).
@@ -38,6 +39,7 @@ include: "workflow/rules/base.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/sweep.smk"
+include: "workflow/rules/study.smk"
 include: "workflow/rules/report.smk"
 
 

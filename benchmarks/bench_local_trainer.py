@@ -68,7 +68,8 @@ def commrl_worker(
 ) -> None:
     """A ``LocalTrainer`` run of ``arm.overrides`` whose callbacks hold every tick for the go signal."""
     from commrl.rl.config import load_train_config
-    from commrl.rl.trainer import LocalTrainer, StopTraining, TrainCallbacks
+    from commrl.rl.trainer import LocalTrainer
+    from commrl.run.hooks import StopTraining, TrainCallbacks
 
     imported = time.perf_counter()
     total = ticks + 1  # one spare tick: the final tick's validation must not land inside a timed tick

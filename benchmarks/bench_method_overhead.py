@@ -93,7 +93,7 @@ def measure(case: Case, reps: int) -> dict:
     torch.manual_seed(0)
     dense_model = Qwen2ForCausalLM(case.config).float()
     method_model = copy.deepcopy(dense_model)
-    cfg = MethodConfig(rank=case.rank, cadence=1_000_000)
+    cfg = MethodConfig(rank=case.rank, cadence=1_000_000, grad_cosine=False)  # the fire is only set-up here
     ctrl = TwoCircuitController(method_model, cfg)
     ids = torch.randint(0, case.config.vocab_size, (case.batch, case.length))
     dense_step, method_step = make_step(dense_model, None, ids), make_step(method_model, ctrl, ids)

@@ -10,12 +10,14 @@ import torch
 from commrl.compression import (
     LowRankActivationCodec,
     PRFMaskActivationCodec,
+    energy_captured,
     lowrank_project,
     orth,
     prf_key,
     prf_mask,
     prf_uniform,
     random_orthonormal,
+    sketch_step,
     sketch_update,
 )
 
@@ -77,13 +79,43 @@ def test_refresh_recovers_a_planted_subspace_and_stays_orthonormal():
         codec.begin_sketch()
         codec.accumulate(0, A[:200], None)
         codec.accumulate(0, A[200:], None)  # summed over micro-batches
-        overlap = codec.refresh()
+        refresh = codec.refresh()
     for Q in codec.bases:
         torch.testing.assert_close(Q.T @ Q, torch.eye(r), atol=1e-5, rtol=0)
     assert start > 0.5
     assert principal_angle_sines(codec.bases[0], planted).max() < 0.05
-    assert overlap > 0.5  # mean over points; point 1 saw no token and kept its basis (overlap 1)
+    assert refresh.mean_overlap > 0.5  # point 1 saw no token and kept its basis (overlap 1)
+    assert refresh.overlap[1] == 1.0 and math.isnan(refresh.energy[1])
+    assert refresh.energy[0] > 0.95 and refresh.mean_energy == refresh.energy[0]  # Q_old had found it
     torch.testing.assert_close(codec.bases[1], LowRankActivationCodec(d, r, 2, seed=0).bases[1])
+
+
+def test_energy_captured_by_hand_and_one_at_full_rank():
+    """||A Q||_F^2 / ||A||_F^2 over real tokens, with the basis the sketch used; 1 when r = d."""
+    A = torch.randn(3, 5, 8, generator=GEN)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[0, :2] = False
+    for rank in (3, 8):
+        codec = LowRankActivationCodec(hidden=8, rank=rank, num_points=1, seed=4)
+        Q = codec.bases[0].clone()
+        codec.begin_sketch()
+        codec.accumulate(0, A[:2], mask[:2])
+        codec.accumulate(0, A[2:], mask[2:])
+        rows = A[mask]
+        expected = float((rows @ Q).square().sum() / rows.square().sum())
+        energy = codec.refresh().energy[0]
+        assert energy == pytest.approx(expected, rel=1e-5)
+        if rank == 8:
+            assert energy == pytest.approx(1.0, abs=1e-6)
+        else:
+            assert 0 < energy < 1
+    S, terms = sketch_step(torch.zeros(8, 3), A, Q[:, :3], mask)
+    torch.testing.assert_close(S, sketch_update(torch.zeros(8, 3), A, Q[:, :3], mask))
+    assert terms.dtype == torch.float64
+    assert energy_captured(float(terms[0]), float(terms[1])) == pytest.approx(
+        float((A[mask] @ Q[:, :3]).square().sum() / A[mask].square().sum()), rel=1e-5
+    )
+    assert math.isnan(energy_captured(0.0, 0.0))
 
 
 def test_initial_bases_are_seeded():

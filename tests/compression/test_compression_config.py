@@ -17,11 +17,20 @@ def test_defaults_follow_method_md():
         "secant",
     )
     assert (cfg.alpha, cfg.beta, cfg.projection_scale, cfg.kl_ref_forward) == (0.25, 0.25, 1.0, "codec")
+    # the readings keep today's behaviour by default (method.md §2, §4)
+    assert (cfg.points, cfg.sign_scope, cfg.prf_keep, cfg.fast_step, cfg.grad_cosine) == (
+        "all",
+        "all",
+        None,
+        True,
+        True,
+    )
     assert cfg.effective_delay() == 20 and cfg.effective_grad_rank() == 77
     assert cfg.keep_prob(1536) == pytest.approx(77 / 1536)
-    assert MethodConfig(delay=0, grad_rank=4, prf_keep=0.5).effective_delay() == 0
+    assert MethodConfig(delay=0, grad_rank=4).effective_delay() == 0
     assert MethodConfig(grad_rank=4).effective_grad_rank() == 4
-    assert MethodConfig(prf_keep=0.5).keep_prob(1536) == 0.5
+    assert MethodConfig(codec="prf_mask").keep_prob(1536) == pytest.approx(77 / 1536)  # bytes-matched
+    assert MethodConfig(codec="prf_mask", prf_keep=0.5).keep_prob(1536) == 0.5
 
 
 @pytest.mark.parametrize(
@@ -44,6 +53,10 @@ def test_defaults_follow_method_md():
         ("kl_ref_forward", "none", "codec"),
         ("anchor", "yes", "true or false"),
         ("cadence", 2.5, "integer"),
+        ("points", "every", "all, boundaries"),
+        ("sign_scope", "dense", "all, compressed"),
+        ("fast_step", 0, "true or false"),
+        ("grad_cosine", "on", "true or false"),
     ],
 )
 def test_bad_values_name_the_field(field, value, fragment):
@@ -51,6 +64,23 @@ def test_bad_values_name_the_field(field, value, fragment):
         MethodConfig(**{field: value})
     assert f"method.{field}={value!r}" in str(info.value)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "field", "fragment"),
+    [
+        ({"prf_keep": 0.5}, "prf_keep", "method.codec=prf_mask"),
+        ({"sign_scope": "compressed", "grad_codec": "none"}, "sign_scope", "method.sign_scope=all"),
+        ({"fast_step": False, "anchor": False}, "fast_step", "method.anchor=true"),
+    ],
+)
+def test_settings_that_contradict_each_other_are_named(settings, field, fragment):
+    with pytest.raises(ConfigError) as info:
+        MethodConfig(**settings)
+    assert f"method.{field}={settings[field]!r}" in str(info.value) and fragment in str(info.value)
+    assert MethodConfig(codec="prf_mask", prf_keep=0.5).prf_keep == 0.5
+    assert MethodConfig(sign_scope="compressed").sign_scope == "compressed"
+    assert not MethodConfig(fast_step=False).fast_step
 
 
 def test_rank_must_be_below_hidden_size():

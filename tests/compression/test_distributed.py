@@ -28,12 +28,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def train(model: torch.nn.Module, cfg: MethodConfig, ticks: int) -> TwoCircuitController:
-    """The driver loop of docs/design.md with a language-model loss (same batch on every rank)."""
+READOUTS = ("anchor/grad_cosine_raw", "anchor/grad_cosine_corrected", "codec/energy_captured")
+
+
+def train(model: torch.nn.Module, cfg: MethodConfig, ticks: int) -> tuple[TwoCircuitController, list[dict]]:
+    """The driver loop of anchor.py with a language-model loss (same batch on every rank)."""
     from compression_helpers import batch_for_tick, lm_loss
 
     ctrl = TwoCircuitController(model, cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    log = []
     for tick in range(ticks):
         ids, mask = batch_for_tick(tick)
 
@@ -41,16 +45,21 @@ def train(model: torch.nn.Module, cfg: MethodConfig, ticks: int) -> TwoCircuitCo
             opt.zero_grad()
             lm_loss(model, ids, mask).backward()
 
+        def codec_replay(ids=ids, mask=mask):
+            opt.zero_grad()
+            with ctrl.compressed(0, mask):
+                lm_loss(model, ids, mask).backward()
+
         if ctrl.is_fire_tick():
-            ctrl.fire(replay)
+            ctrl.fire(replay, codec_replay)
         else:
             opt.zero_grad()
             with ctrl.compressed(0, mask):
                 lm_loss(model, ids, mask).backward()
             ctrl.compress_gradients()
         opt.step()
-        ctrl.end_tick()
-    return ctrl
+        log.append(ctrl.end_tick())
+    return ctrl, log
 
 
 def _powersgd_check(mesh) -> float:
@@ -78,9 +87,15 @@ def _controller_check(mesh) -> dict:
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    ctrl = train(model, cfg, TICKS)
+    ctrl, log = train(model, cfg, TICKS)
     reference = tiny_qwen2()
-    ref_ctrl = train(reference, cfg, TICKS)
+    ref_ctrl, ref_log = train(reference, cfg, TICKS)
+    readouts = [
+        abs(m[key] - r[key])
+        for m, r in zip(log, ref_log, strict=True)
+        for key in (*READOUTS, "sign_memory/agreement")
+        if key in r
+    ]
     worst = 0.0
     with torch.no_grad():
         for (name, p), (ref_name, q) in zip(
@@ -97,6 +112,8 @@ def _controller_check(mesh) -> dict:
         "bases_max_abs_diff": basis,
         "ratio": ctrl.ledger.cumulative / ctrl.ledger.cumulative_dense,
         "ratio_reference": ref_ctrl.ledger.cumulative / ref_ctrl.ledger.cumulative_dense,
+        "readouts": len(readouts),
+        "readouts_max_abs_diff": max(readouts),
     }
 
 
@@ -133,10 +150,12 @@ def test_row_sharded_powersgd_equals_unsharded(two_rank_results):
 
 def test_controller_on_fsdp2_equals_single_process(two_rank_results):
     """fully_shard'ed tiny Qwen2 (DTensor parameters), same batch on both ranks: nine ticks of the method
-    (relex over 3 snapshots, sketch all-reduce, sharded PowerSGD, sign memory) land on the weights and
-    bases of the unsharded run."""
+    (relex over 3 snapshots, sketch all-reduce, sharded PowerSGD, sign memory) land on the weights, bases
+    and fast-circuit read-outs of the unsharded run."""
     for result in two_rank_results:
         assert result["param_type"] == "DTensor"
         assert result["weights_max_abs_diff"] < 1e-5
         assert result["bases_max_abs_diff"] < 1e-4
         assert result["ratio"] == pytest.approx(result["ratio_reference"], rel=1e-12)
+        assert result["readouts"] == 5 * 3 + 4  # 5 fires x 3 read-outs, 4 fast ticks' sign agreement
+        assert result["readouts_max_abs_diff"] < 1e-5  # summed over the ranks' shards and tokens

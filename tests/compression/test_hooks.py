@@ -93,6 +93,27 @@ def test_sketch_mode_accumulates_over_real_tokens_only():
         torch.testing.assert_close(codec.sketches[point], rows.T @ (rows @ Q), atol=1e-4, rtol=1e-5)
 
 
+def test_uncounted_sessions_and_chosen_layers():
+    """count=False applies the codec but adds no byte; ``layers`` puts points on the named layers only."""
+    model = tiny_qwen2()
+    ids, mask = batch_for_tick(0)
+    ledger = ByteLedger()
+    codec = LowRankActivationCodec(HIDDEN, RANK, 1, seed=0)
+    points = CompressionPoints(model, codec, ledger, layers=[0])
+    seen, _ = capture_layer_outputs(model)
+    with points.session("compressed", tick=0, token_mask=mask, count=False):
+        model(input_ids=ids, attention_mask=mask.long()).logits.sum().backward()
+    assert ledger.tick_dense == 0 and sum(ledger.tick_bytes.values()) == 0 and points.tokens_compressed == 0
+    Q = codec.bases[0]
+    torch.testing.assert_close(seen[0] @ Q @ Q.T, seen[0], atol=1e-5, rtol=1e-5)
+    assert (seen[1] @ Q @ Q.T - seen[1]).abs().max() > 1e-2  # layer 1 has no point
+    with torch.no_grad(), points.session("compressed", tick=0, token_mask=mask):
+        model(input_ids=ids, attention_mask=mask.long())
+    assert ledger.tick_bytes["activations_forward"] == int(mask.sum()) * RANK * 4  # one point counted
+    with pytest.raises(ValueError, match="do not fit a model with 2 decoder layers"):
+        CompressionPoints(model, codec, ledger, layers=[2])
+
+
 def test_prf_mask_follows_the_microbatch_id():
     model = tiny_qwen2()
     ids, mask = batch_for_tick(2)

@@ -8,16 +8,14 @@ import pytest
 
 from commrl import tracking
 from commrl.cli.main import main
+from commrl.run.summary import RunSummary
 
 
 def test_eval_cli_writes_the_summary_and_nests_under_the_training_run(
     tmp_path, tiny_model_dir, toy_jsonl, mlflow_uri, training_run, capsys
 ):
-    summary_file = tmp_path / "run" / "summary.json"
-    summary_file.parent.mkdir()
-    summary_file.write_text(
-        json.dumps({"ticks_trained": 60, "ticks_asked": 60, "mlflow_run_id": training_run})
-    )
+    trained = RunSummary("tiny", "method", 0, "local", 60, 60, training_run, None, 60, None)
+    summary_file = trained.write(tmp_path / "run")
     out = tmp_path / "eval" / "tiny" / "method" / "seed0" / "toy_greedy.json"
     argv = (
         f"eval --checkpoint {tiny_model_dir} --benchmark toy_greedy --data {toy_jsonl} --limit 2 "
@@ -60,6 +58,12 @@ def test_bad_requests_name_the_value(tmp_path, tiny_model_dir, toy_jsonl, capsys
         capsys, f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --summary {tmp_path}/none.json"
     )
     assert "none.json does not exist" in err
+    (tmp_path / "old.json").write_text(json.dumps({"mlflow_run_id": "abc", "final_dir": str(tiny_model_dir)}))
+    err = _fails(capsys, f"--benchmark toy_greedy --data {toy_jsonl} --summary {tmp_path}/old.json")
+    assert "old.json lacks pair, condition, seed, driver, ticks_asked, ticks_trained, read_at" in err
+    short = RunSummary("tiny", "method", 0, "local", 40, 20, None, str(tiny_model_dir), 40, None)
+    err = _fails(capsys, f"--benchmark toy_greedy --data {toy_jsonl} --summary {short.write(tmp_path / 's')}")
+    assert "records no model at the read tick 40 (trained 20 of 40 ticks)" in err
     err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --data {toy_jsonl} --pair Z")
     assert "pair 'Z' has no eval settings" in err
     err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --data {toy_jsonl} --limit 0")

@@ -121,13 +121,48 @@ def test_generated_greedy_and_mc_tasks(tmp_path):
     assert doc["choices"][mc.doc_to_target(doc)] == "42"
 
 
-def test_tiny_budget_is_the_training_response_length():
-    """The tiny pair's eval budget is the sampler's max_new_tokens of configs/train/pair/tiny.yaml."""
-    pair_config = REPO / "configs" / "train" / "pair" / "tiny.yaml"
-    if not pair_config.is_file():
-        pytest.skip(f"{pair_config} is not in this checkout")
-    budget = yaml.safe_load(pair_config.read_text())["sampler"]["max_new_tokens"]
-    assert pair_settings("tiny").max_gen_toks == budget
+def test_budgets_are_read_from_the_pair_configs():
+    """The tiny pair's budget is sampler.max_new_tokens of configs/train/pair/tiny.yaml; a verl pair's is
+    verl.data.max_response_length of configs/verl/pair/<pair>.yaml, its context prompt + response."""
+    tiny = yaml.safe_load((REPO / "configs" / "train" / "pair" / "tiny.yaml").read_text())
+    assert pair_settings("tiny").max_gen_toks == tiny["sampler"]["max_new_tokens"]
+    for pair in ("A", "B"):
+        data = yaml.safe_load((REPO / "configs" / "verl" / "pair" / f"{pair}.yaml").read_text())["verl"][
+            "data"
+        ]
+        settings = pair_settings(pair)
+        assert settings.max_gen_toks == data["max_response_length"]
+        assert settings.max_model_len == data["max_prompt_length"] + data["max_response_length"]
+
+
+def _pair_file(root: Path, tree: str, pair: str, edit=None) -> Path:
+    """A copy of configs/<tree>/pair/<pair>.yaml under ``root``, changed by ``edit(data)``."""
+    data = yaml.safe_load((REPO / "configs" / tree / "pair" / f"{pair}.yaml").read_text())
+    if edit:
+        edit(data)
+    path = root / tree / "pair" / f"{pair}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_changing_a_pair_file_changes_the_eval_budget(tmp_path):
+    _pair_file(tmp_path, "train", "tiny", lambda d: d["sampler"].update(max_new_tokens=40))
+    _pair_file(tmp_path, "verl", "A", lambda d: d["verl"]["data"].update(max_response_length=1000))
+    assert pair_settings("tiny", config_root=tmp_path).max_gen_toks == 40
+    a = pair_settings("A", config_root=tmp_path)
+    assert (a.max_gen_toks, a.max_model_len) == (1000, 2024)
+
+
+def test_missing_pair_or_budget_is_named(tmp_path):
+    _pair_file(tmp_path, "verl", "A")
+    with pytest.raises(PairConfigError, match=r"pair 'C' has no eval settings") as err:
+        pair_settings("C", config_root=tmp_path)
+    assert str(tmp_path / "verl" / "pair" / "C.yaml") in str(err.value)
+    assert "(known pairs: A)" in str(err.value)
+    _pair_file(tmp_path, "verl", "B", lambda d: d["verl"]["data"].pop("max_response_length"))
+    with pytest.raises(PairConfigError, match=r"B\.yaml has no integer verl\.data\.max_response_length"):
+        pair_settings("B", config_root=tmp_path)
 
 
 def test_pair_settings_layers_and_errors(tmp_path):

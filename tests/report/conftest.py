@@ -1,9 +1,13 @@
 """A real MLflow sqlite store filled with known synthetic series, shared by the report tests.
 
-Pair ``A`` (read at tick 50, ticks 0, 5, ..., 60) is designed so that every claim passes except the
-``method_same_sampler`` one (no such runs: n/a); ``dropout`` is missing. Pair ``B`` (no ``read_at`` tag)
-has only score and log-prob correlation, a method that lags dense (claim 2 MISS), a
-``method_same_sampler`` run whose correlation is low (claim 10 MISS), no KL and no evaluations.
+Pair ``A`` (read at tick 50, ticks 0, 5, ..., 60): dense, method, anchor_off and prf_mask with three seeds
+each; seed ``k`` moves a series by ``d = k - 1`` (-1, 0, 1) times a small spread, so that every 95%
+interval is narrow and every claim PASSes except the ``method_same_sampler`` one (no such runs: n/a);
+``dropout`` is missing; bytes are the same in every seed (zero spread). Pair ``B`` (no ``read_at`` tag)
+has only score and log-prob correlation: dense and method with three seeds, a method that lags dense
+(claim 2 MISS), ``method_same_sampler`` with two seeds whose correlations 0.45 and 0.55 straddle 0.99
+(claim 10 INCONCLUSIVE), ``anchor_off`` with one seed (claim 3 INCONCLUSIVE: n=1, no interval), no KL and
+no evaluations.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from commrl import tracking
 
 TICKS = list(range(0, 61, 5))
 VAL_TICKS = (0, 25, 50)
+SEEDS_A = (0, 1, 2)
+SEEDS_B = {"dense": (0, 1, 2), "method": (0, 1, 2), "method_same_sampler": (0, 1), "anchor_off": (0,)}
+METHOD_SHIFT = {0: -0.01, 1: 0.01, 2: 0.0}  # the method's score and val/acc offset per seed
 
 
 def line(a: float, b: float, ticks=TICKS) -> dict[int, float]:
@@ -28,22 +35,23 @@ def const(value: float, ticks=TICKS) -> dict[int, float]:
 
 
 def pair_a_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
-    shift = {0: -0.01, 1: 0.01}[seed] if condition == "method" else 0.0
+    d = seed - 1
+    shift = METHOD_SHIFT[seed] if condition == "method" else 0.0
     score = {
-        "dense": line(0.3, 0.008),
-        "method": line(0.3 + shift, 0.008),
-        "anchor_off": const(0.34),
+        "dense": line(0.3, 0.008 + 0.0002 * d),
+        "method": line(0.3 + shift, 0.008 + 0.0002 * d),
+        "anchor_off": line(0.34, 0.0005 * d),
         "prf_mask": line(0.3, 0.007),
     }[condition]
-    kl = {
-        "dense": line(0, 0.0002),
-        "method": line(0, 0.02),
+    kl = {  # seed means: 0.0002 t, 0.02 t, 0.05 t, 0.002 t
+        "dense": line(0, 0.0002 * (1 + 0.1 * d)),
+        "method": line(0, 0.02 * (1 - 0.1 * d)),
         "anchor_off": line(0, 0.05),
-        "prf_mask": line(0, 0.002),
+        "prf_mask": line(0, 0.002 * (1 + 0.1 * d)),
     }[condition]
     dense_like = condition == "dense"
     val = {
-        "dense": [0.45, 0.63, 0.67],
+        "dense": [0.45, 0.63, 0.67 + 0.005 * d],
         "method": [0.45, 0.61 + shift, 0.68 + shift],
         "anchor_off": [0.45, 0.44, 0.43],
         "prf_mask": [0.45, 0.60, 0.69],
@@ -51,11 +59,11 @@ def pair_a_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
     return {
         "score/mean": score,
         "actor/kl_loss": kl,
-        "actor/pg_clipfrac": line(0.0, 0.001),
+        "actor/pg_clipfrac": line(0.0, 0.001 * (1 + 0.1 * d)),
         "actor/ppo_kl": line(0.0, 0.0005),
-        "mismatch/logprob_corr": const(0.999 if dense_like else 0.15),
-        "mismatch/prob_gap": const(0.002 if dense_like else 0.8),
-        "mismatch/async_clip_frac_eps0.2": const(0.005 if dense_like else 0.7),
+        "mismatch/logprob_corr": const(0.999 + 0.0002 * d if dense_like else 0.15 + 0.01 * d),
+        "mismatch/prob_gap": const(0.002 * (1 + 0.1 * d) if dense_like else 0.8 + 0.01 * d),
+        "mismatch/async_clip_frac_eps0.2": const(0.005 + 0.0005 * d if dense_like else 0.7 + 0.01 * d),
         "mismatch/async_clip_frac_5x": const(0.001 if dense_like else 0.61),
         "comm/bytes_total": const(1000.0 if dense_like else 100.0),
         "comm/bytes_cumulative": {t: (1000.0 if dense_like else 100.0) * (t + 1) for t in TICKS},
@@ -64,32 +72,34 @@ def pair_a_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
     }
 
 
-def pair_b_series(condition: str) -> dict[str, dict[int, float]]:
+def pair_b_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
     ticks = list(range(0, 31, 5))
+    d = seed - 1
     score = {
-        "dense": line(0.3, 0.01, ticks),
-        "method": line(0.3, 0.002, ticks),
+        "dense": line(0.3, 0.01 + 0.0005 * d, ticks),
+        "method": line(0.3, 0.002 + 0.0002 * d, ticks),
         "method_same_sampler": line(0.3, 0.01, ticks),
+        "anchor_off": const(0.3, ticks),
     }[condition]
-    corr = {"dense": 0.999, "method": 0.2, "method_same_sampler": 0.5}[condition]
+    corr = {
+        "dense": 0.999 + 0.0002 * d,
+        "method": 0.2 + 0.01 * d,
+        "method_same_sampler": 0.45 + 0.1 * seed,  # 0.45, 0.55
+        "anchor_off": 0.3,
+    }[condition]
     return {"score/mean": score, "mismatch/logprob_corr": const(corr, ticks)}
 
 
-EVALS_A = {  # (condition, seed) -> benchmark -> metrics
-    ("dense", 0): {
+EVALS_A = {  # condition -> benchmark -> metric -> seed mean; seed k logs mean + 0.01 (k - 1)
+    "dense": {
         "commrl_math500": {"acc": 0.674},
         "mmlu_stem": {"acc": 0.46},
         "commrl_amc23": {"acc": 0.58, "pass_at_8": 0.8},
     },
-    ("method", 0): {
-        "commrl_math500": {"acc": 0.67},
-        "mmlu_stem": {"acc": 0.50},
-        "commrl_amc23": {"acc": 0.56, "pass_at_8": 0.78},
-    },
-    ("method", 1): {
-        "commrl_math500": {"acc": 0.69},
-        "mmlu_stem": {"acc": 0.54},
-        "commrl_amc23": {"acc": 0.60, "pass_at_8": 0.82},
+    "method": {
+        "commrl_math500": {"acc": 0.68},
+        "mmlu_stem": {"acc": 0.52},
+        "commrl_amc23": {"acc": 0.58, "pass_at_8": 0.8},
     },
 }
 
@@ -126,12 +136,12 @@ def fill_store(uri: str) -> None:
     client = tracking.client(uri)
     exp_a = tracking.ensure_experiment(tracking.experiment_name("A"), uri, client)
     first_dense = ""
-    for condition, seeds in (("dense", (0,)), ("method", (0, 1)), ("anchor_off", (0,)), ("prf_mask", (0,))):
-        for seed in seeds:
+    for condition in ("dense", "method", "anchor_off", "prf_mask"):
+        for seed in SEEDS_A:
             series = pair_a_series(condition, seed)
             run_id = train_run(client, exp_a, "A", condition, seed, series, read_at=50)
-            first_dense = run_id if condition == "dense" else first_dense
-            for benchmark, metrics in EVALS_A.get((condition, seed), {}).items():
+            first_dense = first_dense or (run_id if condition == "dense" else "")
+            for benchmark, metrics in EVALS_A.get(condition, {}).items():
                 tags = {
                     "kind": "eval",
                     "benchmark": benchmark,
@@ -139,7 +149,7 @@ def fill_store(uri: str) -> None:
                     "training_run_id": run_id,
                 }
                 ev = client.create_run(exp_a, run_name=f"eval/{benchmark}", tags=tags)
-                values = {f"eval/{benchmark}/{k}": {50: v} for k, v in metrics.items()}
+                values = {f"eval/{benchmark}/{k}": {50: v + 0.01 * (seed - 1)} for k, v in metrics.items()}
                 log_series(client, ev.info.run_id, values)
                 client.set_terminated(ev.info.run_id, "FINISHED")
     sweep = client.create_run(exp_a, run_name="sweep-A", tags={"kind": "sweep", "direction": "maximize"})
@@ -168,8 +178,9 @@ def fill_store(uri: str) -> None:
     client.set_terminated(failed_eval.info.run_id, "FAILED")  # newer than the good one: must not shadow it
 
     exp_b = tracking.ensure_experiment(tracking.experiment_name("B"), uri, client)
-    for condition in ("dense", "method", "method_same_sampler"):
-        train_run(client, exp_b, "B", condition, 0, pair_b_series(condition), read_at=None)
+    for condition, seeds in SEEDS_B.items():
+        for seed in seeds:
+            train_run(client, exp_b, "B", condition, seed, pair_b_series(condition, seed), read_at=None)
 
 
 def fill_sweep_as_commrl_sweep_logs_it(client, exp_id: str) -> None:

@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
 from PIL import Image
 
 from commrl import tracking
 from commrl.report import ClaimThresholds, ReportInputError, build_report, evaluate_claims
-from commrl.report.runs import load_pair
+from commrl.report import curves as cv
+from commrl.report.figures import plot_curve
+from commrl.report.runs import Series, load_pair
+from commrl.report.stats import Interval, mean_interval
+from commrl.report.style import CONDITION_COLOURS
 
 DRAWN_A = [
     "fig02_score_A.png",
@@ -29,6 +36,15 @@ def table(built, pair: str, key: str) -> dict[str, dict]:
     """``condition (first column) -> {column: value}`` of one table of the built report."""
     t = next(t for t in built.tables[pair] if t.key == key)
     return {row[0]: dict(zip(t.columns, row, strict=True)) for row in t.rows}
+
+
+def is_interval(cell, n: int, mean: float, point: bool = False) -> bool:
+    """``cell`` is the seed mean ``mean`` of ``n`` seeds with an interval around it (a point if asked)."""
+    assert isinstance(cell, Interval), cell
+    assert cell.n == n and cell.estimate == pytest.approx(mean)
+    if point:
+        return cell.low == pytest.approx(mean) and cell.high == pytest.approx(mean)
+    return cell.low < mean < cell.high
 
 
 def test_every_expected_file_exists_and_figures_are_valid_pngs(built):
@@ -53,35 +69,41 @@ def test_markdown_embeds_figures_html_inlines_them_captions_name_them(built):
         assert f"]({name})" in md
     assert html.count("data:image/png;base64,") == len(DRAWN_A + DRAWN_B)
     assert "<style>" in html and 'class="PASS"' in html and 'class="MISS"' in html
+    assert 'class="INCONCLUSIVE"' in html
     captions = json.loads((built.out_dir / "captions.json").read_text())
     assert sorted(captions) == sorted(DRAWN_A + DRAWN_B)
     assert all(len(text) > 20 for text in captions.values())
 
 
-def test_table_values_equal_the_logged_inputs(built):
+def test_table_values_are_seed_means_with_intervals_of_the_logged_inputs(built):
     scores = table(built, "A", "final_scores")
-    assert scores["dense"]["tick"] == 50 and scores["dense"]["score"] == pytest.approx(0.3 + 0.008 * 50)
-    assert scores["method"]["seeds"] == 2
-    assert scores["method"]["score"] == pytest.approx(0.7)  # the mean of the seeds' 0.69 and 0.71
-    assert scores["anchor_off"]["gain"] == pytest.approx(0.0)
+    assert scores["dense"]["tick"] == 50 and is_interval(scores["dense"]["score"], 3, 0.3 + 0.008 * 50)
+    assert scores["method"]["seeds"] == 3
+    assert is_interval(scores["method"]["score"], 3, 0.7)  # seeds 0.69, 0.71, 0.70 (+ slope spread)
+    assert is_interval(scores["prf_mask"]["gain"], 3, 0.007 * 45, point=True)  # the same in every seed
+    assert scores["anchor_off"]["gain"].estimate == pytest.approx(0.0, abs=1e-12)
     assert scores["dense"]["ticks asked"] == 60 and scores["dense"]["last tick"] == 60
     kl = table(built, "A", "kl")
-    assert kl["dense"]["KL @ 50"] == pytest.approx(0.01) and kl["method"]["KL @ 50"] == pytest.approx(1.0)
-    assert kl["dense"]["KL @ 100"] is None and kl["prf_mask"]["KL @ last"] == pytest.approx(0.12)
+    assert is_interval(kl["dense"]["KL @ 50"], 3, 0.01) and is_interval(kl["method"]["KL @ 50"], 3, 1.0)
+    assert kl["dense"]["KL @ 100"] is None and is_interval(kl["prf_mask"]["KL @ last"], 3, 0.12)
+    assert kl["prf_mask"]["last tick"] == 60
     val = table(built, "A", "best_validation")
-    assert val["method"]["best"] == pytest.approx(0.68) and val["anchor_off"]["best tick"] == 0
+    assert is_interval(val["method"]["best"], 3, 0.68)
+    assert is_interval(val["anchor_off"]["best tick"], 3, 0.0, point=True)
     mismatch = table(built, "A", "mismatch")
-    assert mismatch["dense"]["log-prob corr"] == pytest.approx(0.999)
-    assert mismatch["method"]["async clip eps 0.2"] == pytest.approx(0.7)
+    assert is_interval(mismatch["dense"]["log-prob corr"], 3, 0.999)
+    assert is_interval(mismatch["method"]["async clip eps 0.2"], 3, 0.7)
     comm = table(built, "A", "bytes")
-    assert comm["method"]["mean ratio vs dense"] == pytest.approx(0.1)
-    assert comm["method"]["cumulative / dense"] == pytest.approx(0.1)
-    assert comm["dense"]["cumulative bytes"] == pytest.approx(61000.0)
+    assert is_interval(comm["method"]["mean ratio vs dense"], 3, 0.1, point=True)
+    assert is_interval(comm["method"]["cumulative / dense"], 3, 0.1, point=True)
+    assert is_interval(comm["dense"]["cumulative bytes"], 3, 61000.0, point=True)
     bench = {(r[1], r[2]): r for r in next(t for t in built.tables["A"] if t.key == "benchmarks").rows}
     columns = next(t for t in built.tables["A"] if t.key == "benchmarks").columns
-    assert bench[("commrl_math500", "acc")][columns.index("method")] == pytest.approx(0.68)
-    assert bench[("commrl_amc23", "pass_at_8")][columns.index("dense")] == pytest.approx(0.8)
+    assert is_interval(bench[("commrl_math500", "acc")][columns.index("method")], 3, 0.68)
+    assert is_interval(bench[("commrl_amc23", "pass_at_8")][columns.index("dense")], 3, 0.8)
     assert bench[("mmlu_stem", "acc")][0] == "MMLU-STEM"
+    one_seed = table(built, "B", "final_scores")["anchor_off"]["score"]
+    assert one_seed.n == 1 and one_seed.low is None and one_seed.high is None
     sweeps = {row[0]: row for row in next(t for t in built.tables["A"] if t.key == "sweeps").rows}
     # the pruned trial's 0.9 is not a result
     assert sweeps["sweep-A"][2:] == [
@@ -95,37 +117,108 @@ def test_table_values_equal_the_logged_inputs(built):
     assert any("evaluation eval/commrl_math500 dropped: it is FAILED" in n for n in built.notes)
 
 
-def test_tables_json_keeps_the_exact_values(built):
+def test_tables_json_keeps_mean_low_high_and_n(built):
     data = json.loads((built.out_dir / "tables.json").read_text())
     kl = data["pairs"]["A"]["tables"]["kl"]
     row = next(r for r in kl["rows"] if r[0] == "dense")
-    assert row[kl["columns"].index("KL @ 50")] == pytest.approx(0.01)
+    cell = row[kl["columns"].index("KL @ 50")]
+    assert set(cell) == {"mean", "low", "high", "n", "method"}
+    assert cell["mean"] == pytest.approx(0.01) and cell["n"] == 3 and cell["method"] == "t"
+    assert cell["low"] < 0.01 < cell["high"]
     assert row[kl["columns"].index("KL @ 150")] is None
     assert data["pairs"]["A"]["read_at"] == 50 and data["pairs"]["B"]["read_at"] is None
+    assert data["pairs"]["B"]["seeds"] == {"dense": 3, "method": 3, "anchor_off": 1, "method_same_sampler": 2}
+    scores = data["pairs"]["B"]["tables"]["final_scores"]
+    one = next(r for r in scores["rows"] if r[0] == "anchor_off")[scores["columns"].index("score")]
+    assert one == {"mean": pytest.approx(0.3), "low": None, "high": None, "n": 1, "method": "none"}
 
 
-def test_claims_are_pass_miss_or_na_as_designed(built):
+def test_markdown_cells_read_mean_plus_minus_half_width_with_n_and_explain_the_rule(built):
+    md = (built.out_dir / "report.md").read_text()
+    assert md.count("## How to read the numbers") == 1
+    assert "PASS when its 95% interval lies entirely on the claim's side" in md
+    assert "Student's t" in md and "BCa bootstrap" in md and "Fieller" in md
+    assert (
+        "Seeds per condition (training runs): dense n=3, method n=3, anchor_off n=1, method_same_sampler n=2"
+        in md
+    )
+    assert "Claims: 3 PASS, 1 MISS, 2 INCONCLUSIVE, 5 n/a." in md
+    scores = mean_interval([0.69, 0.70, 0.71])  # dense's score at tick 50 over its seeds (pair A)
+    assert f"| 0.7 ± {scores.half_width:.2g} (n=3) |" in md
+    assert "| 0.3 (n=1) |" in md  # anchor_off in pair B: one seed, no interval
+
+
+def test_claims_are_decided_on_the_seed_intervals_as_designed(built):
     status = {pair: {c.number: c.status for c in claims} for pair, claims in built.claims.items()}
     assert status["A"] == {**{n: "PASS" for n in range(1, 12)}, 10: "n/a"}
     assert status["B"] == {
         1: "PASS",
         2: "MISS",
-        3: "n/a",
+        3: "INCONCLUSIVE",  # anchor_off has one seed
         4: "n/a",
         5: "n/a",
         6: "PASS",
         7: "PASS",
         8: "n/a",
         9: "n/a",
-        10: "MISS",
+        10: "INCONCLUSIVE",  # two seeds, 0.45 and 0.55: the interval straddles 0.99
         11: "n/a",
     }
+    claims_b = {c.number: c for c in built.claims["B"]}
+    assert "n=1 vs 3: no interval" in claims_b[3].reason and claims_b[3].interval.low is None
+    assert "straddles 0.99" in claims_b[10].reason and claims_b[10].n == 2
+    assert claims_b[2].interval.high < -0.05 and claims_b[2].interval.paired
     claim4 = next(c for c in built.claims["A"] if c.number == 4)
     assert claim4.values["tick"] == 60 and claim4.values["ratio"] == pytest.approx(100.0)
+    assert claim4.interval.method == "fieller" and 10 < claim4.interval.low < 100 < claim4.interval.high
     assert "6.1" in claim4.note
+    claim9 = next(c for c in built.claims["A"] if c.number == 9)
+    assert len(claim9.checks) == 2 and "dense async clip: 95% CI" in claim9.reason
     saved = json.loads((built.out_dir / "claims.json").read_text())
     assert saved["thresholds"]["kl_min_ratio_method_dense"] == 10.0
+    for claims in saved["pairs"].values():
+        for claim in claims:
+            assert {"n", "estimate", "low", "high", "status", "reason", "checks"} <= set(claim)
+    first = saved["pairs"]["A"][0]
+    assert first["n"] == 3 and first["low"] < first["estimate"] < first["high"] and first["status"] == "PASS"
+    assert first["checks"][0]["side"] == "at_least" and first["checks"][0]["threshold"] == 0.05
+    assert saved["pairs"]["B"][2]["n"] == 1 and saved["pairs"]["B"][2]["low"] is None
     assert [c["status"] for c in saved["pairs"]["B"]][1] == "MISS"
+
+
+def band_pixels(png: Path, colour: str) -> int:
+    """Pixels of ``colour`` at the bands' alpha 0.2 over the white axes."""
+    img = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    band = 255 + 0.2 * (np.array(to_rgb(colour)) * 255 - 255)
+    return int(np.all(np.abs(img - band) <= 3, axis=-1).sum())
+
+
+def test_curve_figures_draw_bands_for_several_seeds_and_a_line_for_one(built):
+    png = built.out_dir / "fig02_score_B.png"
+    assert band_pixels(png, CONDITION_COLOURS["dense"]) > 1000  # three seeds that spread
+    assert band_pixels(png, CONDITION_COLOURS["method"]) > 1000
+    assert band_pixels(png, CONDITION_COLOURS["anchor_off"]) < 50  # one seed: the line alone
+    assert band_pixels(built.out_dir / "fig05_mismatch_A.png", CONDITION_COLOURS["dense"]) > 1000  # log panel
+    captions = json.loads((built.out_dir / "captions.json").read_text())
+    score_b = captions["fig02_score_B.png"]
+    assert "95% confidence interval" in score_b
+    assert "Seeds: dense n=3, method n=3, anchor_off n=1, method_same_sampler n=2." in score_b
+    assert "Seeds: dense n=3, method n=3." in captions["fig04_benchmarks_A.png"]
+
+
+def test_plot_curve_bands_are_the_per_tick_interval():
+    runs = [Series.from_points([(0, 0.1 * k), (1, 0.2 + 0.1 * k)]) for k in range(3)]
+    curve = cv.aggregate(runs)
+    ax = Figure().subplots()
+    plot_curve(ax, curve, "dense", "#2ca02c", markers=False)
+    (band,) = ax.collections
+    ys = band.get_paths()[0].vertices[:, 1]
+    ref = mean_interval([0.0, 0.1, 0.2])
+    assert ys.min() == pytest.approx(ref.low) and ys.max() == pytest.approx(ref.high + 0.2)
+    assert ax.get_legend_handles_labels()[1] == ["dense (n=3)"]
+    single = Figure().subplots()
+    plot_curve(single, cv.aggregate(runs[:1]), "dense", "#2ca02c", markers=False)
+    assert not single.collections and len(single.lines) == 1
 
 
 def test_thresholds_decide_the_status(store_uri):
@@ -158,7 +251,7 @@ def test_report_run_holds_the_files_as_artifacts(built, store_uri):
     assert client.get_experiment(run.info.experiment_id).name == "commrl/report"
     artifacts = {a.path for a in client.list_artifacts(built.run_id)}
     assert {"report.md", "report.html", "claims.json", "fig02_score_A.png"} <= artifacts
-    assert run.data.metrics["claims/B/MISS"] == 2.0
+    assert run.data.metrics["claims/B/MISS"] == 1.0 and run.data.metrics["claims/B/INCONCLUSIVE"] == 2.0
 
 
 def test_a_failed_report_keeps_the_previous_one_and_no_temporary_files(store_uri, tmp_path, monkeypatch):

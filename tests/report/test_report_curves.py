@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from commrl.report import curves as cv
 from commrl.report.runs import Series
+from commrl.report.stats import mean_interval
 from commrl.report.style import condition_colours, order_conditions
 
 
@@ -16,13 +15,16 @@ def series(points: dict[int, float]) -> Series:
     return Series.from_points(list(points.items()))
 
 
-def test_aggregate_combines_seeds_per_tick_over_the_seeds_that_logged_it():
-    curve = cv.aggregate([series({0: 1.0, 1: 2.0, 2: 3.0}), series({0: 3.0, 1: 4.0})])
+def test_aggregate_gives_the_seed_mean_and_its_interval_per_tick_over_the_seeds_that_logged_it():
+    curve = cv.aggregate(
+        [series({0: 1.0, 1: 2.0, 2: 3.0}), series({0: 3.0, 1: 4.0}), series({0: 2.0, 1: 3.0})]
+    )
     assert curve.steps.tolist() == [0, 1, 2]
     assert curve.mean.tolist() == [2.0, 3.0, 3.0]
-    assert curve.lo.tolist() == [1.0, 2.0, 3.0]
-    assert curve.hi.tolist() == [3.0, 4.0, 3.0]
-    assert curve.seeds == 2
+    assert curve.n.tolist() == [3, 3, 1] and curve.seeds == 3
+    ref = mean_interval([1.0, 3.0, 2.0])  # tick 0
+    assert (curve.low[0], curve.high[0]) == pytest.approx((ref.low, ref.high))
+    assert np.isnan(curve.low[2]) and np.isnan(curve.high[2])  # one seed at tick 2: no band
 
 
 def test_series_keeps_the_last_value_of_a_repeated_step_and_sorts():
@@ -32,29 +34,36 @@ def test_series_keeps_the_last_value_of_a_repeated_step_and_sorts():
 
 
 def test_value_at_takes_the_last_tick_not_after_the_read_tick():
-    curve = cv.aggregate([series({0: 0.1, 10: 0.2, 20: 0.3})])
-    assert cv.value_at(curve, 20) == (20, 0.3)
-    assert cv.value_at(curve, 15) == (10, 0.2)
-    assert cv.value_at(curve, None) == (20, 0.3)
-    assert cv.value_at(curve, -1) is None
-    assert cv.exact_at(curve, 15) is None
-    assert cv.exact_at(curve, 10) == 0.2
+    s = series({0: 0.1, 10: 0.2, 20: 0.3})
+    assert cv.value_at(s, 20) == (20, 0.3)
+    assert cv.value_at(s, 15) == (10, 0.2)
+    assert cv.value_at(s, None) == (20, 0.3)
+    assert cv.value_at(s, -1) is None
+    assert cv.exact_at(s, 15) is None
+    assert cv.exact_at(s, 10) == 0.2
 
 
 def test_start_mean_best_and_mean_over_ticks():
-    curve = cv.aggregate([series({0: 0.1, 1: 0.2, 2: 0.3, 3: 0.9, 4: float("nan")})])
-    assert cv.start_mean(curve) == pytest.approx(0.2)
-    assert cv.best(curve) == (3, 0.9)
-    assert cv.mean_over_ticks(curve) == pytest.approx(0.375)
-    assert cv.best(cv.aggregate([series({0: float("nan")})])) is None
-    assert math.isnan(cv.mean_over_ticks(cv.aggregate([series({0: float("nan")})])))
+    s = series({0: 0.1, 1: 0.2, 2: 0.3, 3: 0.9, 4: float("nan")})
+    assert cv.start_mean(s) == pytest.approx(0.2)
+    assert cv.best(s) == (3, 0.9)
+    assert cv.mean_over_ticks(s) == pytest.approx(0.375)
+    assert cv.best(series({0: float("nan")})) is None
+    assert cv.mean_over_ticks(series({0: float("nan")})) is None
+
+
+def test_per_seed_drops_seeds_without_a_value():
+    found = {"0": series({0: 0.1, 5: 0.2}), "1": series({0: float("nan")}), "2": series({7: 0.5})}
+    assert cv.per_seed(found, cv.mean_over_ticks) == {"0": pytest.approx(0.15), "2": 0.5}
+    assert cv.per_seed(found, lambda s: cv.value_at(s, 5)) == {"0": (5, 0.2)}  # NaN at 0; nothing <= 5
+    assert cv.per_seed(found, lambda s: cv.exact_at(s, 5)) == {"0": 0.2}
 
 
 def test_last_common_tick():
-    a = cv.aggregate([series({0: 0.0, 5: 0.0, 10: 0.0})])
-    b = cv.aggregate([series({0: 0.0, 5: 0.0})])
-    assert cv.last_common_tick(a, b) == 5
-    assert cv.last_common_tick(a, cv.aggregate([series({7: 0.0})])) is None
+    a = series({0: 0.0, 5: 0.0, 10: 0.0})
+    b = series({0: 0.0, 5: 0.0})
+    assert cv.last_common_tick([a, b]) == 5
+    assert cv.last_common_tick([a, series({7: 0.0})]) is None
 
 
 def test_known_conditions_keep_the_notes_colours_and_others_get_distinct_fallbacks():

@@ -1,25 +1,71 @@
 """The training config is validated before any model loads."""
 
+import dataclasses
+import shutil
+from pathlib import Path
+
 import pytest
+import yaml
 
 from commrl.rl.config import ConfigError, TrainConfig, compose_train_config, load_train_config
 
+REPO = Path(__file__).resolve().parents[2]
+CONDITION_FILES = sorted((REPO / "configs" / "condition").glob("*.yaml"))
 
-def test_every_condition_composes_with_the_tiny_pair():
-    for cond in (
-        "dense",
-        "method",
-        "no_projection",
-        "anchor_off",
-        "prf_mask",
-        "dropout",
-        "method_same_sampler",
+
+@pytest.mark.parametrize("path", CONDITION_FILES, ids=lambda p: p.stem)
+def test_every_condition_composes_from_its_one_file(path):
+    """Each file of configs/condition/ is the local driver's condition: its name, method knobs, dropout."""
+    spec = yaml.safe_load(path.read_text())
+    raw = compose_train_config([f"condition={path.stem}", "seed=2"])
+    assert raw["condition"] == spec["condition"] == path.stem
+    assert raw["out_dir"] == f"results/runs/tiny/{path.stem}/seed2"
+    assert spec["method"].items() <= raw["method"].items()
+    assert raw["model"]["attention_dropout"] == spec.get("model", {}).get("attention_dropout", 0.0)
+    TrainConfig.from_dict(raw)  # and it validates
+
+
+def test_the_local_only_condition_runs_on_the_local_driver():
+    cfg = load_train_config(["condition=method_same_sampler"])
+    assert cfg.sampler.codec == "same" and "verl" in cfg.unsupported_drivers
+
+
+def test_anchor_only_is_the_method_without_fast_steps():
+    method = load_train_config(["condition=method"]).method_config()
+    anchor_only = load_train_config(["condition=anchor_only"]).method_config()
+    assert anchor_only.fast_step is False and method.fast_step is True
+    assert anchor_only == dataclasses.replace(method, fast_step=False)
+
+
+def test_unknown_condition_lists_the_known_ones():
+    with pytest.raises(
+        ConfigError, match=r"condition 'nope' has no config .*nope\.yaml; choose one of "
+    ) as err:
+        compose_train_config(["condition=nope"])
+    assert "anchor_off, anchor_only, dense, dropout, method, method_same_sampler" in str(err.value)
+
+
+def _tree(tmp_path: Path) -> Path:
+    """A copy of configs/train and configs/condition (the driver reads the conditions beside its tree)."""
+    for name in ("train", "condition"):
+        shutil.copytree(REPO / "configs" / name, tmp_path / name)
+    return tmp_path / "train"
+
+
+def test_a_condition_the_local_driver_cannot_run_is_rejected_with_the_reason(tmp_path):
+    tree = _tree(tmp_path)
+    (tmp_path / "condition" / "gpu_only.yaml").write_text(
+        "# @package _global_\ncondition: gpu_only\nunsupported_drivers: {local: it needs NCCL}\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"condition 'gpu_only' does not run on the local driver: it needs NCCL"
     ):
-        raw = compose_train_config([f"condition={cond}", "seed=2"])
-        assert raw["condition"] == cond
-        assert raw["out_dir"] == f"results/runs/tiny/{cond}/seed2"
-    assert compose_train_config(["condition=dropout"])["model"]["attention_dropout"] > 0
-    assert compose_train_config(["condition=method_same_sampler"])["sampler"]["codec"] == "same"
+        load_train_config(["condition=gpu_only"], tree)
+    (tmp_path / "condition" / "gpu_only.yaml").write_text(
+        "# @package _global_\ncondition: gpu_only\nunsupported_drivers: {slurm: why}\n"
+    )
+    with pytest.raises(ConfigError, match=r"names unknown driver\(s\) slurm; drivers: local, verl"):
+        load_train_config(["condition=gpu_only"], tree)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ from rl_helpers import overrides
 
 from commrl import tracking
 from commrl.rl.config import ConfigError, load_train_config
-from commrl.rl.trainer import LocalTrainer, TrainCallbacks
+from commrl.rl.trainer import LocalTrainer
+from commrl.run.hooks import TrainCallbacks
 
 
 def _history(uri: str, run_id: str, key: str) -> list[int]:
@@ -192,3 +193,80 @@ def test_first_mini_batch_reuses_its_training_forward_as_old_log_probs(
             assert a[key] == pytest.approx(b[key], abs=1e-5), key
     for key, value in w_reuse.items():
         assert torch.allclose(value, w_separate[key], atol=1e-5), key
+
+
+def test_fire_metrics_are_logged_and_fast_step_false_moves_the_weights_on_fires_only(
+    tmp_path, toy_data, small_model
+):
+    """The controller's fire-tick metrics (projection distance, basis overlap, gradient cosines, energy
+    captured) reach the log; anchor_only (method.fast_step=false): the fast tick takes no AdamW step."""
+
+    class Recording(LocalTrainer):
+        def __init__(self, cfg) -> None:
+            super().__init__(cfg)
+            self.ticks: list[tuple[dict[str, float], bool]] = []
+
+        def _tick(self, tick: int) -> dict[str, float]:
+            before = {k: v.clone() for k, v in self.model.state_dict().items()}
+            metrics = super()._tick(tick)
+            moved = any(not torch.equal(v, before[k]) for k, v in self.model.state_dict().items())
+            self.ticks.append((metrics, moved))
+            return metrics
+
+    # anchor_only = method.fast_step=false; the random policy scores 0 (zero advantages), so weight decay
+    # is what makes an AdamW step visible in the weights
+    extra = ("condition=anchor_only", "tracking.enabled=false", "rl.weight_decay=0.1")
+    cfg = load_train_config(
+        [*overrides(small_model, toy_data, tmp_path / "run", "", *extra), "rl.ticks=3", "rl.read_at=3"]
+    )
+    trainer = Recording(cfg)
+    trainer.train()
+    assert [moved for _, moved in trainer.ticks] == [True, False, True]  # fire, fast, fire (K = 2)
+    assert {int(s["step"]) for s in trainer.optimizer.state.values()} == {2}
+    fires = [trainer.ticks[0][0], trainer.ticks[2][0]]
+    for metrics in fires:
+        for key in (
+            "anchor/projection_distance",
+            "anchor/basis_overlap",
+            "anchor/visible_snapshots",
+            "anchor/grad_cosine_raw",
+            "anchor/grad_cosine_corrected",
+            "codec/energy_captured",
+            "codec/energy_captured/layer0",
+            "codec/energy_captured/layer1",
+        ):
+            assert key in metrics, key
+        assert -1 <= metrics["anchor/grad_cosine_raw"] <= 1 and 0 < metrics["codec/energy_captured"] <= 1
+    assert fires[1]["anchor/visible_snapshots"] == 1.0  # h = K: the tick-0 snapshot
+    assert "anchor/projection_distance" not in trainer.ticks[1][0]  # a fast tick
+    with open(tmp_path / "run" / "metrics.jsonl") as fh:
+        table = {row["step"]: row for row in map(json.loads, fh)}
+    assert table[1]["anchor/projection_distance"] == fires[0]["anchor/projection_distance"]
+    assert table[3]["anchor/basis_overlap"] == fires[1]["anchor/basis_overlap"]
+
+
+def test_anchor_off_scores_tick_0_old_and_reference_log_probs_with_the_calibrated_basis(
+    tmp_path, toy_data, small_model
+):
+    class Recording(LocalTrainer):
+        def _setup(self) -> None:
+            super()._setup()
+            self.initial = [Q.clone() for Q in self.ctrl.codec.bases]
+            self.seen: list[tuple[bool, list[torch.Tensor]]] = []
+
+        def _log_probs(self, model, batch, mode: str, start: int = 0) -> torch.Tensor:
+            if mode == "compressed":
+                self.seen.append((model is self.ref, [Q.clone() for Q in self.ctrl.codec.bases]))
+            return super()._log_probs(model, batch, mode, start)
+
+    extra = ("condition=anchor_off", "tracking.enabled=false")
+    cfg = load_train_config(
+        [*overrides(small_model, toy_data, tmp_path / "run", "", *extra), "rl.ticks=1", "rl.read_at=1"]
+    )
+    trainer = Recording(cfg)
+    trainer.train()
+    calibrated = trainer.ctrl.codec.bases
+    assert [is_ref for is_ref, _ in trainer.seen] == [False, True]  # tick 0's old and reference passes
+    for _, bases in trainer.seen:
+        assert all(torch.equal(a, b) for a, b in zip(bases, calibrated, strict=True))
+        assert not any(torch.equal(a, b) for a, b in zip(bases, trainer.initial, strict=True))

@@ -1,4 +1,5 @@
-"""Shared fixtures of the sweep tests: a real MLflow sqlite store and sweep configs in a tmp folder."""
+"""Shared fixtures of the sweep tests: a real MLflow sqlite store, sweep configs in a tmp folder, and the tiny
+world the real trainer reads (toy data and an untrained tiny model)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from commrl import tracking
+from commrl.cli.main import main
 
 BASE = {
     "pair": "tiny",
@@ -40,6 +42,35 @@ def mlflow_uri(tmp_path_factory) -> str:
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     tracking.init_store([tracking.experiment_name("tiny")], tracking_uri=uri)
     return uri
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory):
+    """Toy data (``commrl prepare``, small splits) and an untrained tiny Qwen2: what the trainer reads."""
+    from commrl.models.tiny import TinyModelShape, build_char_tokenizer, build_tiny_model, save_model_dir
+
+    root = tmp_path_factory.mktemp("tiny")
+    assert (
+        main(
+            [
+                "prepare",
+                "--dataset",
+                "toy",
+                "--n-train",
+                "64",
+                "--n-val",
+                "8",
+                "--n-test",
+                "8",
+                "--out",
+                str(root / "data"),
+            ]
+        )
+        == 0
+    )
+    tokenizer = build_char_tokenizer()
+    save_model_dir(build_tiny_model(TinyModelShape(), tokenizer, seed=0), tokenizer, root / "model")
+    return root
 
 
 @pytest.fixture

@@ -2,9 +2,9 @@
 
 The real trials run ``LocalTrainer`` (see test_sweep_e2e.py); this driver keeps the trainer's contract
 that the sweep relies on: it resumes from its own progress in ``out_dir``, calls ``on_tick`` every tick and
-``on_validation`` every ``val_every`` ticks, and returns a ``TrainResult``. With ``with_mlflow`` it also
-creates the trial's MLflow run the way the trainer does (nested under ``plan.run.parent_run_id``,
-``<out_dir>/mlflow_run_id``) and leaves it RUNNING when stopped, the worst case the sweep must close.
+``on_validation`` every ``val_every`` ticks, and returns a ``RunSummary``. With ``with_mlflow`` it also
+opens the trial's MLflow run through the trainer's own run record (``commrl.run.record``, placed by
+``plan.run``) and leaves it RUNNING when stopped, the worst case the sweep must close.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 from commrl import tracking
-from commrl.rl.trainer import StopTraining, TrainResult
+from commrl.run import record
+from commrl.run.hooks import StopTraining
+from commrl.run.summary import RunSummary
 
 
 def fake_accuracy(params: dict, step: int) -> float:
@@ -44,7 +46,7 @@ class FakeDriver:
         self.with_mlflow = with_mlflow
         self.alarm_at = alarm_at
 
-    def __call__(self, plan, hooks) -> TrainResult:
+    def __call__(self, plan, hooks) -> RunSummary:
         out = Path(plan.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         progress = out / "progress.json"
@@ -75,10 +77,14 @@ class FakeDriver:
                 if acc is not None:
                     hooks.on_validation(step, acc)
         except StopTraining as stop:
-            return TrainResult(self.ticks, state["tick"], run_id, None, val, str(stop))
-        if run_id:
-            tracking.client().set_terminated(run_id, "FINISHED")
-        return TrainResult(self.ticks, self.ticks, run_id, str(out), val)
+            return self._summary(plan, state["tick"], run_id, None, val, str(stop))
+        record.finish_run(run_id, "FINISHED")
+        return self._summary(plan, self.ticks, run_id, str(out), val)
+
+    def _summary(self, plan, trained, run_id, final, val, stopped=None) -> RunSummary:
+        return RunSummary(
+            "tiny", "method", 0, "fake", self.ticks, trained, run_id, final, self.ticks, final, val, stopped
+        )
 
     def _run(self, plan, out: Path) -> str | None:
         if not self.with_mlflow:

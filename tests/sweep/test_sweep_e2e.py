@@ -27,35 +27,6 @@ from commrl.sweep.worker import run_worker
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_world(tmp_path_factory):
-    """Toy data (``commrl prepare``, small splits) and an untrained tiny Qwen2: what the trainer reads."""
-    from commrl.models.tiny import TinyModelShape, build_char_tokenizer, build_tiny_model, save_model_dir
-
-    root = tmp_path_factory.mktemp("tiny")
-    assert (
-        main(
-            [
-                "prepare",
-                "--dataset",
-                "toy",
-                "--n-train",
-                "64",
-                "--n-val",
-                "8",
-                "--n-test",
-                "8",
-                "--out",
-                str(root / "data"),
-            ]
-        )
-        == 0
-    )
-    tokenizer = build_char_tokenizer()
-    save_model_dir(build_tiny_model(TinyModelShape(), tokenizer, seed=0), tokenizer, root / "model")
-    return root
-
-
 def tiny_sweep(sweep_dict, tiny_world, **changes) -> dict:
     sweep_dict.update(
         n_trials=3,

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from sweep_fakes import FakeDriver
 
 from commrl.cli.main import main
-from commrl.rl.trainer import TrainCallbacks
+from commrl.run.hooks import TrainCallbacks
 from commrl.sweep.config import SweepConfig, load_sweep_config
 from commrl.sweep.storage import retry_history
 from commrl.sweep.study import init_study, open_study

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from commrl import tracking
-from commrl.rl.trainer import RunSpec, StopTraining, TrainCallbacks
+from commrl.run.hooks import StopTraining, TrainCallbacks
+from commrl.run.record import RunSpec
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.objective import TrialPlan
 from commrl.sweep.space import SweepConfigError
@@ -47,9 +48,9 @@ def verl_cfg(sweep_dict) -> SweepConfig:
     return SweepConfig.from_dict(sweep_dict)
 
 
-def stand_in(cfg, params, out):
+def stand_in(cfg, params, out, run=None):
     """The fake verl-train with exactly the arguments the sweep passes to the real one."""
-    real = verl_command(cfg, params, out)
+    real = verl_command(cfg, params, out, run)
     assert real[1:4] == ["-m", "commrl.cli.main", "verl-train"]
     return [sys.executable, str(HERE / "sweep_fake_verl_train.py"), *real[4:]]
 
@@ -87,7 +88,6 @@ def test_the_command_line(verl_cfg, tmp_path):
         "--out",
         str(tmp_path / "t"),
         "ticks=8",
-        "++ticks_by_condition.method=8",
         "read_at=8",
         "val_every=2",
         "method.rank=77",
@@ -112,11 +112,36 @@ def test_the_driver_relays_validations_and_nests_the_run(env, verl_cfg, tmp_path
     ticks = [s for kind, s, _ in hooks.seen if kind == "tick"]
     assert ticks == sorted(ticks) and ticks[-1] == 8
     assert hooks.seen.index(("tick", 2, 0.0)) < hooks.seen.index(("val", 2, pytest.approx(0.1 + 2 / 770)))
+    assert (result.ticks_trained, result.read_at, result.driver) == (8, 8, "verl")  # the child's summary
     run = client.get_run(result.mlflow_run_id)
     assert run.data.tags["mlflow.parentRunId"] == parent
     assert run.data.tags["kind"] == "trial" and run.data.tags["optuna.trial"] == "3"
+    assert {k: run.data.tags[k] for k in ("pair", "condition", "read_at", "ticks")} == {
+        "pair": "A",
+        "condition": "method",
+        "read_at": "8",
+        "ticks": "8",
+    }
     assert run.info.run_name == "A/A-method/trial0003"
     assert "method.delay=20" in (tmp_path / "trial0003" / "args.txt").read_text()
+
+
+def test_the_trial_run_is_placed_by_the_child_from_its_creation(verl_cfg, tmp_path):
+    """``--run-spec`` carries the trial's placement, so no tag is set after the fact (a retry's child
+    reopening the run cannot undo the driver's tags)."""
+    spec = plan(tmp_path, "parent123").run
+    cmd = verl_command(verl_cfg, PARAMS, tmp_path / "t", spec)
+    at = cmd.index("--run-spec")
+    assert RunSpec.from_json(cmd[at + 1]) == spec
+    assert spec.placement_tags()["mlflow.parentRunId"] == "parent123"
+
+
+def test_a_child_that_exits_0_without_a_summary_fails_the_trial(env, verl_cfg, tmp_path):
+    def no_summary(cfg, params, out, run=None):
+        return [sys.executable, "-c", "pass"]
+
+    with pytest.raises(SweepError, match=r"summary.json does not exist"):
+        VerlDriver(verl_cfg, poll_s=0.2, command=no_summary)(plan(tmp_path), Recorder())
 
 
 def test_a_pruned_trial_terminates_the_subprocess(env, verl_cfg, tmp_path):

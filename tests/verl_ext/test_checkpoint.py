@@ -1,48 +1,97 @@
-"""After a run: ticks from verl's checkpoint tracker, HF folders by verl's own model merger, summary.json."""
+"""After a run: ticks from verl's checkpoint tracker, HF folders by verl's own model merger, ``summary.json``
+in the schema both drivers write, and what eval and a rerun read from it."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import shutil
 
+import pytest
 import torch
 
-from commrl.verl_ext.checkpoint import TRACKER, finish_run, latest_tick
+from commrl import tracking
+from commrl.cli import verl_train
+from commrl.cli.eval import read_point_checkpoint, read_summary
+from commrl.compression import MethodConfig
+from commrl.run import record
+from commrl.run.summary import RunSummary
+from commrl.verl_ext import config as vc
+from commrl.verl_ext.checkpoint import TRACKER, latest_tick, summarize_run
 
 
-def test_finish_run_exports_final_and_read_point_and_flags_missing_ticks(
-    cpu_verl, tiny_model_dir, method, tmp_path
-):
-    """Real verl FSDP2 checkpoints at ticks 1 and 2 (saved as RayPPOTrainer does); 3 asked, read at 1."""
-    from transformers import AutoModelForCausalLM
-
-    method(codec="lowrank", cadence=2)
-    worker = cpu_verl.build_worker(
-        cpu_verl.actor_rollout_ref_config(tiny_model_dir, strategy="fsdp2"), "actor", "commrl"
-    )
+@pytest.fixture(scope="module")
+def two_ticks(cpu_verl, tiny_model_dir, tmp_path_factory):
+    """Real verl FSDP2 checkpoints at ticks 1 and 2 (saved as RayPPOTrainer does) and the trained weights."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(vc.METHOD_ENV, vc.method_to_env(MethodConfig(rank=8, codec="lowrank", cadence=2)))
+        worker = cpu_verl.build_worker(
+            cpu_verl.actor_rollout_ref_config(tiny_model_dir, strategy="fsdp2"), "actor", "commrl"
+        )
     batch = cpu_verl.training_batch(worker)
-    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints = tmp_path_factory.mktemp("verl") / "checkpoints"
     for tick in (1, 2):
         cpu_verl.run_ticks(worker, batch, 1, cpu_verl.BATCH)
         worker.save_checkpoint(str(checkpoints / f"global_step_{tick}" / "actor"), global_step=tick)
         (checkpoints / TRACKER).write_text(str(tick))
-    assert latest_tick(checkpoints) == 2
+    return checkpoints, cpu_verl.full_params(cpu_verl.engine_of(worker))
 
-    summary = finish_run(tmp_path / "run", ticks_asked=3, read_at=1, mlflow_run_id="abc")
+
+def run_dir(two_ticks, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(two_ticks[0], out / "checkpoints")
+    return out
+
+
+def spec_of(ticks: int, read_at: int) -> vc.VerlRun:
+    return dataclasses.replace(vc.compose_run("A", "no_projection", 0), ticks=ticks, read_at=read_at)
+
+
+def test_summary_exports_final_and_read_point_and_flags_missing_ticks(two_ticks, tmp_path):
+    """3 ticks asked, 2 trained, read at 1: ``final`` is tick 2, ``read`` the exported tick 1."""
+    from transformers import AutoModelForCausalLM
+
+    out = run_dir(two_ticks, tmp_path)
+    assert latest_tick(out / "checkpoints") == 2
+    summary = summarize_run(out, spec_of(3, 1), ticks_asked=3, mlflow_run_id=None)
     assert (summary.ticks_trained, summary.ticks_asked, summary.complete) == (2, 3, False)
-    written = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert (
-        written["ticks_trained"] == 2 and written["complete"] is False and written["mlflow_run_id"] == "abc"
-    )
-    assert written["read_checkpoint"] == str(tmp_path / "run" / "tick1")
+    assert RunSummary.read(out) == summary  # one schema: what was written is what is read
+    assert summary.read == str(out / "tick1") and summary.final == str(out / "final")
     final = AutoModelForCausalLM.from_pretrained(summary.final)
-    trained = cpu_verl.full_params(cpu_verl.engine_of(worker))
     for name, value in final.state_dict().items():
-        torch.testing.assert_close(value, trained[name].to(value.dtype), msg=name)
-    early = AutoModelForCausalLM.from_pretrained(summary.read_checkpoint)
+        torch.testing.assert_close(value, two_ticks[1][name].to(value.dtype), msg=name)
+    early = AutoModelForCausalLM.from_pretrained(summary.read)
     assert not torch.equal(early.lm_head.weight, final.lm_head.weight)
 
 
+def test_eval_evaluates_the_read_point_of_a_verl_run_not_its_last_tick(two_ticks, tmp_path):
+    """Pair A's KL runs train past their read tick; ``commrl eval --summary`` must take ``tick<read_at>``."""
+    out = run_dir(two_ticks, tmp_path)
+    summarize_run(out, spec_of(2, 1), ticks_asked=2, mlflow_run_id=None)
+    path = out / "summary.json"
+    assert read_point_checkpoint(read_summary(path), path) == str(out / "tick1")
+
+
+def test_a_rerun_of_a_finished_run_trains_nothing(two_ticks, tmp_path, monkeypatch):
+    """verl's ``fit`` steps once after loading the last checkpoint; a complete run must not reach it."""
+    out = run_dir(two_ticks, tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):  # train() sets them for verl: restored afterwards
+        monkeypatch.setenv(name, "")
+
+    def must_not_train(cfg):
+        raise AssertionError("verl was started on a complete run")
+
+    monkeypatch.setattr(verl_train, "run_verl", must_not_train)
+    spec = spec_of(2, 2)
+    cfg = vc.compose_verl_config(vc.run_overrides(spec, out, tmp_path / "data", tracking_uri=uri))
+    assert verl_train.train(spec, cfg, out, uri, None, record.RunSpec()) == 0
+    summary = RunSummary.read(out)
+    assert (summary.ticks_trained, summary.complete, summary.read) == (2, True, str(out / "final"))
+    run = tracking.client(uri).get_run(summary.mlflow_run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["ticks"] == "2"
+
+
 def test_no_checkpoint_means_zero_ticks(tmp_path):
-    summary = finish_run(tmp_path, ticks_asked=100, read_at=100, mlflow_run_id=None)
-    assert (summary.ticks_trained, summary.final, summary.complete) == (0, None, False)
-    assert json.loads((tmp_path / "summary.json").read_text())["ticks_asked"] == 100
+    summary = summarize_run(tmp_path, spec_of(100, 100), ticks_asked=100, mlflow_run_id=None)
+    assert (summary.ticks_trained, summary.final, summary.read, summary.complete) == (0, None, None, False)
+    assert RunSummary.read(tmp_path).ticks_asked == 100

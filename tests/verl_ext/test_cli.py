@@ -80,30 +80,38 @@ def test_bad_overrides_exit_1_with_the_field(tmp_path, capsys, monkeypatch, over
 
 
 def test_mlflow_run_has_commrl_tags_and_receives_verls_logging(tmp_path, monkeypatch):
-    """The driver creates ``A/method/seed0`` with commrl's tags; verl's Tracking (MLFLOW_RUN_ID) logs into it,
-    with method.md §4 names beside verl's; a second attempt finds the same run."""
+    """The driver opens ``A/method/seed0`` with the full tag set of the run record (the report reads verl
+    runs at their ``read_at``, as local ones); verl's Tracking (MLFLOW_RUN_ID) logs into it, with method.md
+    §4 names beside verl's; a second attempt reopens the same run."""
     import mlflow
     import verl.utils.tracking as verl_tracking
 
     from commrl import tracking
-    from commrl.cli.verl_train import existing_run_id, start_mlflow_run
+    from commrl.cli.verl_train import identity
+    from commrl.run import record
     from commrl.verl_ext.trainer import logging_method_names
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = vc.compose_run("A", "method", 0)
-    run_id = start_mlflow_run(spec, tmp_path / "run", uri, None)
+    spec = vc.compose_run("A", "method", 0, ["ticks=120"])
+    run_id, resumed = record.open_run(identity(spec, spec.ticks), tmp_path / "run", uri)
+    record.log_config(run_id, {"method": spec.method.to_dict()}, uri)
+    assert not resumed
     run = tracking.client(uri).get_run(run_id)
     assert run.info.run_name == "A/method/seed0"
-    assert {k: run.data.tags[k] for k in ("pair", "condition", "codec", "seed", "driver", "kind")} == {
+    tags = ("pair", "condition", "codec", "seed", "driver", "kind", "read_at", "ticks")
+    assert {k: run.data.tags[k] for k in tags} == {
         "pair": "A",
         "condition": "method",
         "codec": "lowrank",
         "seed": "0",
         "driver": "verl",
         "kind": "train",
+        "read_at": "100",
+        "ticks": "120",
     }
     assert run.data.params["method.rank"] == "77"
-    assert existing_run_id(tmp_path / "run", uri) == run_id
+    assert record.recorded_run_id(tmp_path / "run", uri) == run_id
+    assert record.open_run(identity(spec, spec.ticks), tmp_path / "run", uri) == (run_id, True)
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
@@ -111,7 +119,9 @@ def test_mlflow_run_has_commrl_tags_and_receives_verls_logging(tmp_path, monkeyp
         "critic/score/mean": 0.5,
         "actor/comm/bytes_total": 3.0,
         "actor/anchor/fire": 1.0,
-        "val-core/math500/acc/mean@1": 0.25,
+        "actor/codec/energy_captured": 0.8,
+        "actor/sign_memory/agreement": 1.0,
+        "val-core/commrl/math500/acc/mean@1": 0.25,
         "timing_s/step": 2.0,
         "actor/kl_loss": 0.01,
     }
@@ -127,6 +137,7 @@ def test_mlflow_run_has_commrl_tags_and_receives_verls_logging(tmp_path, monkeyp
     assert (
         metrics["score/mean"] == 0.5 and metrics["comm/bytes_total"] == 3.0 and metrics["anchor/fire"] == 1.0
     )
+    assert metrics["codec/energy_captured"] == 0.8 and metrics["sign_memory/agreement"] == 1.0
     assert metrics["val/acc"] == 0.25 and metrics["time/step_s"] == 2.0
     assert metrics["actor/kl_loss"] == 0.01 and metrics["critic/score/mean"] == 0.5
     assert verl_tracking.Tracking is stock  # the swap ends with the context

@@ -13,6 +13,7 @@ import multiprocessing
 import pytest
 import torch
 
+from commrl.compression import ConfigError
 from commrl.verl_ext import TwoCircuitFSDPEngine
 from commrl.verl_ext.config import method_to_env
 
@@ -159,6 +160,24 @@ def test_checkpoint_resume_is_bit_identical(cpu_verl, tiny_model_dir, method, tm
     pa, pb = cpu_verl.full_params(cpu_verl.engine_of(first)), cpu_verl.full_params(cpu_verl.engine_of(second))
     assert all(torch.equal(pa[name], pb[name]) for name in pa)
     assert a["comm/bytes_cumulative"] == b["comm/bytes_cumulative"]
+
+
+def test_anchor_refuses_fsdp2_without_reshard_after_forward(cpu_verl, tiny_model_dir, method):
+    """verl's FSDP2 engine with reshard_after_forward=False keeps the old-log-prob pass's gathered weights
+    (unlike verl's default), so the fire's replay would not see the view loaded into the shards: the build
+    fails, naming the key."""
+    key = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
+    default = cpu_verl.actor_rollout_ref_config(tiny_model_dir, strategy="fsdp2")
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir, strategy="fsdp2", extra=(f"{key}=False",))
+    for config, gathered in ((default, False), (cfg, True)):
+        stock = cpu_verl.build_worker(config, "actor", "stock")
+        cpu_verl.log_probs(stock, cpu_verl.training_batch(stock))
+        assert bool(cpu_verl.unsharded_fsdp_modules(cpu_verl.engine_of(stock).module)) == gathered
+    method(codec="lowrank", cadence=2)
+    with pytest.raises(ConfigError, match=f"{key}=True"):
+        cpu_verl.build_worker(cfg, "actor", "commrl")
+    method(codec="lowrank", anchor=False, projection="none")  # no fire, nothing loaded into the shards
+    assert cpu_verl.engine_of(cpu_verl.build_worker(cfg, "actor", "commrl")).controller is not None
 
 
 @pytest.mark.slow

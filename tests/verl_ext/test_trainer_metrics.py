@@ -1,12 +1,31 @@
-"""The trainer's read-outs: method.md §4 names of verl's metrics, and mismatch/* from a step's batch."""
+"""The trainer's read-outs: method.md §4 names of verl's metrics, mismatch/* from a step's batch,
+health/alarm, the stock-engine guard, and MLflow continuity across a resume."""
 
 from __future__ import annotations
 
+import copy
+
+import numpy as np
 import pytest
 import torch
 from verl import DataProto
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from commrl.verl_ext.trainer import batch_mismatch, method_metrics
+from commrl import tracking
+from commrl.compression import ConfigError
+from commrl.data.math_datasets import SPECS
+from commrl.data.toy import ToyConfig, prepare_toy
+from commrl.rl.config import HealthConfig
+from commrl.rl.health import CollapseMonitor
+from commrl.rl.reward import compute_score
+from commrl.verl_ext.config import method_from_env
+from commrl.verl_ext.trainer import (
+    CommrlPPOTrainer,
+    StepChecks,
+    batch_mismatch,
+    logging_method_names,
+    method_metrics,
+)
 
 
 def test_method_metrics_names_verls_metrics():
@@ -18,9 +37,9 @@ def test_method_metrics_names_verls_metrics():
         "actor/comm/bytes_total": 10.0,
         "actor/comm/ratio_vs_dense": 0.1,
         "actor/anchor/fire": 1.0,
-        "val-core/math500/acc/mean@1": 0.6,
-        "val-core/other/acc/mean@1": 0.4,
-        "val-aux/math500/score/mean@1": 9.0,
+        "val-core/commrl/math500/acc/mean@1": 0.6,
+        "val-core/commrl/toy_arith/acc/mean@1": 0.4,
+        "val-aux/commrl/math500/score/mean@1": 9.0,
         "actor/pg_loss": 0.3,
     }
     assert method_metrics(verl_step) == {
@@ -34,6 +53,34 @@ def test_method_metrics_names_verls_metrics():
         "val/acc": pytest.approx(0.5),
     }
     assert method_metrics({"actor/pg_loss": 1.0}) == {}
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_val_acc_from_verls_validation_metric_names(n):
+    """verl's own validation keys (``process_validation_metrics`` via ``RayPPOTrainer._val_metrics_update``,
+    as ``_validate`` builds them; ``val_kwargs.n = n`` samples per prompt) on rows of commrl's data stage
+    (the toy task's ``commrl/toy_arith``, MATH500's ``commrl/math500``) scored by commrl's reward."""
+    toy = prepare_toy(ToyConfig(n_train=4, n_validation=4, n_test=4)).splits["validation"]
+    math500 = [
+        {"data_source": SPECS["math500"].data_source, "reward_model": {"ground_truth": "\\frac{1}{2}"}}
+    ] * 2
+    rows = [(row, i < 2) for i, row in enumerate(toy)] + [(row, True) for row in math500]  # toy 1/2, math 1
+    sources, uids, infos = [], [], {"reward": [], "score": [], "acc": []}
+    for i, (row, right) in enumerate(rows):
+        truth = row["reward_model"]["ground_truth"]
+        response = f"\\boxed{{{truth}}}" if right else "\\boxed{-1}"
+        for _ in range(n):  # test_batch.repeat(n, interleave=True)
+            result = compute_score(row["data_source"], response, truth)
+            infos["reward"].append(result["score"])
+            for key, value in result.items():
+                infos[key].append(value)
+            sources.append(row["data_source"])
+            uids.append(f"uid{i}")
+    trainer = object.__new__(CommrlPPOTrainer)  # _val_metrics_update reads nothing of the trainer
+    sources = np.array(sources, dtype=object)
+    verl_metrics = RayPPOTrainer._val_metrics_update(trainer, sources, uids, infos, [])
+    assert f"val-core/commrl/toy_arith/acc/mean@{n}" in verl_metrics
+    assert method_metrics(verl_metrics)["val/acc"] == pytest.approx((0.5 + 1.0) / 2)
 
 
 def test_batch_mismatch_reads_sampler_against_trainer():
@@ -53,3 +100,115 @@ def test_batch_mismatch_reads_sampler_against_trainer():
     assert moved["mismatch/async_clip_frac_eps0.2"] == pytest.approx(3 / 5)
     assert moved["mismatch/async_clip_frac_5x"] == 0.0
     assert batch_mismatch(DataProto.from_dict(tensors=dict(old_log_probs=lp, response_mask=mask))) == {}
+
+
+def update_metrics(step: int) -> dict:
+    """One actor update's metrics in verl's names and shapes (per-mini-batch lists, ``actor/`` prefix) plus
+    ``mismatch/*``: a healthy window, then a KL that climbs by 1 nat per tick."""
+    window = HealthConfig().window
+    kl = 0.01 if step <= window else float(step - window)
+    return {
+        "actor/kl_loss": [kl, kl],
+        "actor/pg_clipfrac": [0.01, 0.03],
+        "actor/pg_loss": [0.1, 0.2],
+        "actor/comm/bytes_total": [1.0],
+        "mismatch/logprob_corr": 0.95,
+    }
+
+
+def test_health_alarm_from_verl_metric_names(tmp_path):
+    """``StepChecks`` feeds verl's per-step names to the local driver's ``CollapseMonitor``: the same
+    alarms as the monitor on the step means; the state survives a save/load (a resume) unchanged."""
+    steps = range(1, 2 * HealthConfig().window + 1)
+    local = CollapseMonitor(HealthConfig())
+    want = [
+        float(bool(local.update({k: float(np.mean(v)) for k, v in update_metrics(s).items()}))) for s in steps
+    ]
+    assert want[0] == 0.0 and 1.0 in want
+
+    checks = StepChecks(None, HealthConfig())
+    got = []
+    for step in steps:
+        metrics = update_metrics(step)
+        checks.after_update(metrics, step)
+        got.append(metrics["health/alarm"])
+        if step == 7:  # a checkpoint, then a fresh TaskRunner resuming from it
+            checks.save(tmp_path / "global_step_7")
+            checks = StepChecks(None, HealthConfig())
+            checks.load(tmp_path / "global_step_7")
+    assert got == want
+
+
+def trainer_around(cfg, worker) -> CommrlPPOTrainer:
+    """``CommrlPPOTrainer`` driving an in-process worker as its actor worker group. ``__init__`` is skipped
+    (it builds Ray resource pools and dataloaders); ``_update_actor`` is verl's, then commrl's."""
+    trainer = object.__new__(CommrlPPOTrainer)
+    trainer.config, trainer.actor_rollout_wg, trainer.global_steps = cfg, worker, 1
+    trainer.checks = StepChecks(method_from_env(), HealthConfig())
+    return trainer
+
+
+def trainer_batch(cpu_verl, worker) -> DataProto:
+    """The harness's rollout batch with the trainer's old log-probs; the sampler's equal to them."""
+    batch = cpu_verl.training_batch(worker)
+    batch.batch["old_log_probs"] = cpu_verl.log_probs(worker, batch)
+    batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"].clone()
+    return batch
+
+
+def test_update_actor_adds_health_and_mismatch(cpu_verl, tiny_model_dir, method):
+    """Through verl's ``RayPPOTrainer._update_actor`` (two mini-batches) with commrl's engine: health/alarm,
+    mismatch/* and the engine's comm/* come out beside verl's actor/* names."""
+    cfg = cpu_verl.paper_config(tiny_model_dir, extra=cpu_verl.engine_test_shapes())
+    method(codec="lowrank", cadence=2)
+    worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
+    trainer = trainer_around(cfg, worker)
+    metrics = trainer._update_actor(trainer_batch(cpu_verl, worker)).meta_info["metrics"]
+    assert metrics["health/alarm"] == 0.0
+    assert metrics["mismatch/logprob_corr"] == pytest.approx(1.0)
+    assert len(metrics["actor/kl_loss"]) == 2 and metrics["actor/comm/bytes_total"]
+
+
+def test_method_on_the_stock_engine_fails_at_the_first_tick(cpu_verl, tiny_model_dir, method):
+    """COMMRL_METHOD says lowrank but verl built its stock engine (as on a non-NVIDIA platform): the first
+    update raises instead of training dense."""
+    cfg = cpu_verl.paper_config(tiny_model_dir, extra=cpu_verl.engine_test_shapes())
+    method(codec="lowrank", cadence=2)
+    worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "stock")
+    trainer = trainer_around(cfg, worker)
+    with pytest.raises(ConfigError, match=r"stock engine.*external_lib=commrl\.verl_ext"):
+        trainer._update_actor(trainer_batch(cpu_verl, worker))
+
+
+def test_resume_with_more_ticks_keeps_logging_to_mlflow(tmp_path, monkeypatch):
+    """verl's ``Tracking`` as ``fit`` builds it, on the run of MLFLOW_RUN_ID: a resume whose config changed
+    (more ticks) still logs its steps, and the change is recorded (verl's own set-up drops its MLflow
+    backend there: params are immutable)."""
+    import mlflow
+    import verl.utils.tracking as verl_tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = tracking.client(uri)
+    run_id = client.create_run(client.create_experiment("commrl/A")).info.run_id
+    config = {"trainer": {"total_training_steps": 2, "logger": ["console", "mlflow"]}}
+    try:
+        for ticks, steps in (
+            (2, (1, 2)),
+            (4, (3, 4)),
+        ):  # a run, then its resume to 4 ticks (a new TaskRunner)
+            monkeypatch.setenv("MLFLOW_RUN_ID", run_id)  # as verl-train sets it (mlflow.end_run unsets it)
+            config = copy.deepcopy(config)
+            config["trainer"]["total_training_steps"] = ticks
+            with logging_method_names():
+                logger = verl_tracking.Tracking("commrl/A", "A/method/seed0", ["console", "mlflow"], config)
+                for step in steps:
+                    logger.log({"critic/score/mean": 0.1 * step, "actor/pg_loss": 1.0}, step=step)
+                logger.finish()
+    finally:
+        mlflow.set_tracking_uri(None)  # Tracking set mlflow's process-wide store to this test's
+    history = client.get_metric_history(run_id, "score/mean")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]
+    run = client.get_run(run_id)
+    assert run.data.params["trainer/total_training_steps"] == "2"
+    assert run.data.tags["config_changed"] == "trainer/total_training_steps"

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
+from commrl import config_tree
 from commrl.compression import ConfigError, MethodConfig
+from commrl.rl.config import compose_train_config
 from commrl.verl_ext import config as vc
 
 REPO = Path(__file__).resolve().parents[2]
-CONDITIONS = ("dense", "method", "no_projection", "anchor_off", "prf_mask", "dropout")
 HUB_IDS = {
     "Qwen2.5-Math-1.5B": "Qwen/Qwen2.5-Math-1.5B",
     "DeepSeek-R1-Distill-Qwen-1.5B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
@@ -24,7 +26,12 @@ CODECS = {  # method.md §5 "Conditions" in MethodConfig terms
     "anchor_off": dict(codec="lowrank", grad_codec="powersgd", anchor=False),
     "prf_mask": dict(codec="prf_mask", grad_codec="powersgd", anchor=True, projection="secant"),
     "dropout": dict(codec="identity", grad_codec="none", anchor=False),
+    # the control beyond method.md §5: the method whose fast ticks take no optimizer step
+    "anchor_only": dict(
+        codec="lowrank", grad_codec="powersgd", anchor=True, projection="secant", fast_step=False
+    ),
 }
+CONDITIONS = tuple(CODECS)  # the paper matrix (configs/pipeline/paper.yaml)
 
 
 def method_md() -> dict:
@@ -155,20 +162,89 @@ def test_commrl_keys_are_not_verl_keys():
     assert not set(vc.COMMRL_KEYS) & set(cfg.keys())
 
 
-def test_conditions_agree_with_the_local_driver():
-    """configs/verl/condition/* sets the same method knobs (and dropout rate) as configs/train/condition/*."""
-    for condition in CONDITIONS:
-        ours = yaml.safe_load((REPO / "configs" / "verl" / "condition" / f"{condition}.yaml").read_text())
-        local = yaml.safe_load((REPO / "configs" / "train" / "condition" / f"{condition}.yaml").read_text())
-        assert ours["method"] == local["method"], condition
-        assert ours["attention_dropout"] == local.get("model", {}).get("attention_dropout", 0.0), condition
+def test_the_paper_matrix_is_what_the_pipeline_runs():
+    """The conditions checked above are those configs/pipeline/paper.yaml trains, anchor_only included."""
+    paper = yaml.safe_load((REPO / "configs" / "pipeline" / "paper.yaml").read_text())
+    assert {p: set(c["conditions"]) for p, c in paper["pairs"].items()} == {
+        "A": set(CODECS),
+        "B": set(CODECS),
+    }
+
+
+def _trees(tmp_path: Path) -> tuple[Path, Path]:
+    """Copies of configs/train, configs/verl and their shared configs/condition."""
+    for name in ("train", "verl", "condition"):
+        shutil.copytree(REPO / "configs" / name, tmp_path / name)
+    return tmp_path / "train", tmp_path / "verl"
+
+
+def test_both_drivers_read_each_condition_from_its_one_file(tmp_path):
+    """A change to configs/condition/<c>.yaml reaches both drivers; nothing else defines a condition."""
+    train, verl = _trees(tmp_path)
+    path = tmp_path / "condition" / "prf_mask.yaml"
+    spec = yaml.safe_load(path.read_text())
+    spec["method"]["projection"] = "quad4"
+    spec["model"] = {"attention_dropout": 0.05}
+    path.write_text("# @package _global_\n" + yaml.safe_dump(spec))
+    local = compose_train_config(["condition=prf_mask"], train)
+    run = vc.compose_run("A", "prf_mask", 0, config_dir=verl)
+    assert local["method"]["projection"] == run.method.projection == "quad4"
+    assert local["model"]["attention_dropout"] == run.attention_dropout == 0.05
+    assert not list(train.glob("**/prf_mask.yaml")) and not list(verl.glob("**/prf_mask.yaml"))
+
+
+@pytest.mark.parametrize("condition", config_tree.known_conditions(REPO / "configs" / "verl", "verl"))
+def test_every_condition_the_verl_driver_runs_composes_from_its_file(condition):
+    spec = yaml.safe_load((REPO / "configs" / "condition" / f"{condition}.yaml").read_text())
+    run = vc.compose_run("B", condition, 0)
+    assert run.condition == condition
+    for field, value in spec["method"].items():
+        assert getattr(run.method, field) == value, field
+    assert run.attention_dropout == spec.get("model", {}).get("attention_dropout", 0.0)
+
+
+def test_attention_dropout_is_one_field_for_both_drivers():
+    """model.attention_dropout: the dropout condition's 0.1, and a command-line value on any condition."""
+    assert vc.compose_run("A", "dropout", 0).attention_dropout == 0.1
+    assert vc.split_overrides(["model.attention_dropout=0.2"])[0] == ["model.attention_dropout=0.2"]
+    _, cfg = resolve("A", "dense", commrl=["model.attention_dropout=0.2"])
+    assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.2
+    assert (
+        compose_train_config(["condition=dense", "model.attention_dropout=0.2"])["model"]["attention_dropout"]
+        == 0.2
+    )
+
+
+def test_the_verl_driver_rejects_a_local_only_condition_saying_why():
+    with pytest.raises(ConfigError) as err:
+        vc.compose_run("A", "method_same_sampler", 0)
+    message = str(err.value)
+    assert (
+        "condition 'method_same_sampler' does not run on the verl driver: its sampler runs the trainer's"
+        in message
+    )
+    assert "stock vLLM" in message and message.endswith("run it with `commrl train`")
+
+
+def test_command_line_ticks_win_over_ticks_by_condition():
+    """Defect 7: pair A's ticks_by_condition (dense 150) used to override `ticks=7` silently."""
+    assert vc.compose_run("A", "dense", 0, ["ticks=7"]).ticks == 7
+    assert vc.compose_run("A", "dense", 0, ["++ticks=7"]).ticks == 7
+    assert vc.compose_run("A", "dense", 0).ticks == 150
+    assert vc.compose_run("A", "no_projection", 0).ticks == 100
+    assert vc.compose_run("A", "dense", 0, ["ticks_by_condition.dense=120"]).ticks == 120
+    _, cfg = resolve("A", "method", commrl=["ticks=7"])
+    assert cfg.trainer.total_training_steps == 7
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (dict(pair="C", condition="method"), "--pair 'C' has no config"),
-        (dict(pair="A", condition="nope"), "choose one of anchor_off, dense, dropout"),
+        (
+            dict(pair="A", condition="nope"),
+            "choose one of anchor_off, anchor_only, dense, dropout, method, no_projection",
+        ),
         (dict(pair="A", condition="method", commrl=["method.rank=0"]), "method.rank=0 is invalid"),
         (dict(pair="A", condition="method", commrl=["method.kind=x"]), "Could not override 'method.kind'"),
     ],

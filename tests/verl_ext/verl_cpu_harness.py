@@ -11,7 +11,11 @@
   ``fsdp2``   verl's ``FSDPEngineWithLMHead`` (gloo)    ``commrl.verl_ext.TwoCircuitFSDPEngine``
   ==========  ========================================  ===========================================
 
-- ``actor_rollout_ref_config``: verl's own ``ppo_trainer.yaml``, composed with the few overrides CPU needs.
+- ``paper_config``: the paper pair's run config resolved as ``commrl verl-train --dry-run`` resolves it
+  (``compose_run`` + ``run_overrides`` + verl's own ``ppo_trainer.yaml``), with only what differs on this
+  device overridden (the tiny model, fp32, no torch.compile, the harness's batch shapes);
+  ``actor_rollout_ref_config``: its ``actor_rollout_ref`` with the engine tests' shapes
+  (``engine_test_shapes``: strategy, padded layout, several micro-batches per mini-batch).
 - ``build_worker``: ``verl.workers.engine_workers.ActorRolloutRefWorker`` (role actor or ref), ``init_model``.
 - ``make_batch`` / ``log_probs`` / ``update``: the batches and calls ``RayPPOTrainer`` makes.
 
@@ -219,35 +223,58 @@ def build_tiny_model_dir(out: Path) -> Path:
     return save_model_dir(build_tiny_model(shape, tok, seed=0), tok, out)
 
 
-def actor_rollout_ref_config(model_dir: Path, strategy: str = "fsdp", extra: tuple[str, ...] = ()):
-    """``actor_rollout_ref`` of verl's composed ``ppo_trainer`` config, set up for the tiny model on CPU."""
-    from commrl.verl_ext.config import compose_verl_config
-
-    overrides = [
+# What differs on this device from the GPU recipe: the model, fp32 for bf16, no torch.compile, and the
+# reference on the plain CPU engine (verl's FSDP2 reference offloads to pinned memory, which needs an
+# accelerator). Batch shapes follow the harness's batch (N_PROMPTS prompts x ROLLOUT_N samples); the LR
+# schedule's length is what RayPPOTrainer sets from trainer.total_training_steps before it builds workers.
+def cpu_overrides(model_dir: Path) -> list[str]:
+    return [
         f"actor_rollout_ref.model.path={model_dir}",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        f"actor_rollout_ref.actor.strategy={strategy}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={N_PROMPTS // 2}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.kl_loss_coef=0.001",
-        "actor_rollout_ref.actor.use_torch_compile=False",
-        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "actor_rollout_ref.actor.optim.total_training_steps=20",
         "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
         "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+        "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
         "actor_rollout_ref.ref.fsdp_config.use_torch_compile=False",
+        "actor_rollout_ref.ref.strategy=fsdp",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={N_PROMPTS // 2}",
+        f"actor_rollout_ref.rollout.n={ROLLOUT_N}",
+        "actor_rollout_ref.actor.optim.total_training_steps=20",
+    ]
+
+
+def paper_config(model_dir: Path, pair: str = "A", condition: str = "method", extra: tuple[str, ...] = ()):
+    """verl's whole config of the paper run (pair, condition, seed 0), as ``commrl verl-train --dry-run``
+    resolves it, on the tiny model and this device (``cpu_overrides``), then ``extra``."""
+    import tempfile
+
+    from commrl.verl_ext.config import compose_run, compose_verl_config, run_overrides
+
+    run = compose_run(pair, condition, 0)
+    where = Path(tempfile.gettempdir()) / "commrl-harness"  # paths only: nothing is read or written there
+    overrides = run_overrides(run, where / "run", where / "data", tracking_uri=f"sqlite:///{where}/mlflow.db")
+    return compose_verl_config([*overrides, *cpu_overrides(model_dir), *extra])
+
+
+def engine_test_shapes(strategy: str = "fsdp") -> tuple[str, ...]:
+    """The engine tests' shapes: ``strategy`` (``fsdp``: the plain CPU engine), padded inputs, no gradient
+    checkpointing, 4-row micro-batches (several PRF keys per pass), a learning rate that moves the tiny
+    model."""
+    return (
+        f"actor_rollout_ref.actor.strategy={strategy}",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        f"actor_rollout_ref.rollout.n={ROLLOUT_N}",
-        "algorithm.adv_estimator=grpo",
-    ]
-    if strategy == "fsdp2":
-        overrides.append("+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32")
-    return compose_verl_config([*overrides, *extra]).actor_rollout_ref
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+    )
+
+
+def actor_rollout_ref_config(model_dir: Path, strategy: str = "fsdp", extra: tuple[str, ...] = ()):
+    """``actor_rollout_ref`` of ``paper_config`` with ``engine_test_shapes(strategy)``, then ``extra``."""
+    return paper_config(model_dir, extra=(*engine_test_shapes(strategy), *extra)).actor_rollout_ref
 
 
 def build_worker(cfg, role: str, vendor: str):
@@ -379,6 +406,23 @@ def run_ticks(worker, batch, ticks: int, mini_batch_size: int) -> list[dict]:
         batch.batch["old_log_probs"] = log_probs(worker, batch)
         history.append(update(worker, batch, mini_batch_size))
     return history
+
+
+def unsharded_fsdp_modules(module) -> list[str]:
+    """Names of the FSDP2 modules whose parameter groups are gathered now ("" = the root)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    names = []
+    for name, sub in module.named_modules():
+        if not isinstance(sub, FSDPModule):
+            continue
+        state = sub._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.12; a single group before
+        if groups is None:
+            groups = [g] if (g := getattr(state, "_fsdp_param_group", None)) is not None else []
+        if any(group.is_unsharded for group in groups):
+            names.append(name)
+    return names
 
 
 def sharded_run(

@@ -50,8 +50,9 @@ class Result:
 class Workflow:
     """A copy of the workflow in a temporary directory and `snakemake` run from its root."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, configfile: str | None = None):
         self.root = root
+        self.configfile = configfile  # given to every snakemake call (after the targets) when set
         for name in WORKFLOW_FILES:
             src = REPO / name
             if src.is_symlink():
@@ -69,7 +70,8 @@ class Workflow:
         return env
 
     def snakemake(self, *args: str, timeout: float = 120) -> Result:
-        cmd = [sys.executable, "-m", "snakemake", *args]
+        config = ["--configfile", self.configfile] if self.configfile else []
+        cmd = [sys.executable, "-m", "snakemake", *args, *config]
         proc = subprocess.run(
             cmd, cwd=self.root, env=self.env(), capture_output=True, text=True, timeout=timeout
         )

@@ -5,20 +5,23 @@ from __future__ import annotations
 import pytest
 from snakemake_run import PAPER, Result, Workflow
 
-TINY_CONDITIONS = 7  # dense, method, no_projection, anchor_off, prf_mask, dropout, method_same_sampler
+TINY_CONDITIONS = (
+    8  # dense, method, no_projection, anchor_off, anchor_only, prf_mask, dropout, method_same_sampler
+)
+SEEDS = 3  # seeds [0, 1, 2] of every condition, both configs
 TINY_JOBS = {
     "init_store": 1,
     "prepare_toy": 1,
     "pretrain": 1,
-    "train_local": TINY_CONDITIONS,
-    "eval": 2 * 3,  # dense and method (eval.conditions) x toy_greedy, toy_avg8, toy_mc
+    "train_local": TINY_CONDITIONS * SEEDS,
+    "eval": 2 * 3 * SEEDS,  # dense and method (eval.conditions) x toy_greedy, toy_avg8, toy_mc, every seed
     "sweep_init": 1,
     "sweep_worker": 2,
     "sweep_summary": 1,
     "report": 1,
     "all": 1,
 }
-PAPER_RUNS = 2 * 6  # pairs A and B x the six conditions of method.md §5, one seed
+PAPER_RUNS = 2 * 7 * SEEDS  # pairs A and B x the six conditions of method.md §5 and anchor_only x seeds
 PAPER_JOBS = {
     "init_store": 1,
     "prepare_math500": 1,
@@ -154,7 +157,12 @@ def test_single_benchmark_target_resolves_to_its_chain(workflow: Workflow, targe
 
 def test_until_stops_at_the_named_rule(workflow: Workflow) -> None:
     counts = workflow.dry_run("--until", "train_local").counts()
-    assert counts == {"init_store": 1, "prepare_toy": 1, "pretrain": 1, "train_local": TINY_CONDITIONS}
+    assert counts == {
+        "init_store": 1,
+        "prepare_toy": 1,
+        "pretrain": 1,
+        "train_local": TINY_CONDITIONS * SEEDS,
+    }
 
 
 def test_unknown_pair_target_names_the_pair_and_the_fix(workflow: Workflow) -> None:
@@ -176,12 +184,12 @@ def _set(config: dict, path: str, value) -> dict:
     ("path", "value", "message"),
     [
         ("pairs.tiny.seeds", [-1], "['pairs']['tiny']['seeds'][0]"),
-        ("pairs.tiny.conditions", ["dense", "mehtod"], "'mehtod' is not one of"),
+        ("pairs.tiny.conditions", ["dense", "Method"], "'Method' does not match"),
         ("pairs.tiny.driver", "slurm", "['pairs']['tiny']['driver']"),
         ("pairs.tiny.eval.backend", "tgi", "['pairs']['tiny']['eval']['backend']"),
         ("resources.train.mem_mb", "lots", "['resources']['train']['mem_mb']"),
         ("pairs.tiny.ticks", {"anchor_off": 5, "prf_mask": 0}, "['pairs']['tiny']['ticks']['prf_mask']"),
-        ("pairs.tiny.ticks", {"sweep": 5}, "'sweep' is not one of"),
+        ("pairs.tiny.ticks", {"sweep!": 5}, "'sweep!' does not match"),
         ("datasets.toy", {"seed": 0, "source": "x"}, "['datasets']['toy']"),
         ("datasets.gsm8k", {"source": "openai/gsm8k"}, "'gsm8k' is not one of"),
     ],
@@ -201,6 +209,11 @@ def test_bad_config_value_fails_validation_naming_the_field(
     ("path", "value", "message"),
     [
         ("pairs.tiny.train_data", "math", "pairs.tiny.train_data: 'math' is not in `datasets`"),
+        (
+            "pairs.tiny.conditions",
+            ["dense", "mehtod"],
+            "pairs.tiny.conditions: 'mehtod' has no configs/condition/mehtod.yaml; known: anchor_off,",
+        ),
         ("pairs.tiny.sweep.config", "configs/sweep/missing.yaml", "pairs.tiny.sweep.config: cannot read"),
     ],
 )
@@ -235,6 +248,31 @@ def test_sweep_file_without_worker_count_fails_naming_file_and_key(workflow: Wor
     assert result.returncode != 0
     assert "configs/sweep/tiny.yaml is not a valid sweep config" in result.output
     assert "n_workers" in result.output
+
+
+def test_a_condition_the_pairs_driver_cannot_run_is_an_error(workflow: Workflow) -> None:
+    """configs/condition/method_same_sampler.yaml says the verl driver cannot run it, and why."""
+    config = workflow.config(PAPER)
+    config["pairs"]["A"]["conditions"].append("method_same_sampler")
+    result = workflow.snakemake("-n", "--configfile", workflow.write_config(config))
+    assert result.returncode != 0
+    assert (
+        "pairs.A.conditions: 'method_same_sampler' does not run on the verl driver: its sampler"
+        in result.output
+    )
+
+
+def test_a_new_condition_file_is_a_condition_of_the_pipeline(workflow: Workflow) -> None:
+    """The workflow's conditions are the files of configs/condition/: no list to keep in step."""
+    method = workflow.root / "configs" / "condition" / "method.yaml"
+    (method.parent / "method_copy.yaml").write_text(
+        method.read_text().replace("condition: method", "condition: method_copy")
+    )
+    config = workflow.config()
+    config["pairs"]["tiny"]["conditions"] = ["method_copy"]
+    config["pairs"]["tiny"]["eval"]["conditions"] = ["method_copy"]
+    result = workflow.dry_run("--configfile", workflow.write_config(config), "--until", "train_local")
+    assert result.counts()["train_local"] == SEEDS
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ DATASET_FILES = {
     "deepscaler": ["train.parquet"],
 }
 SCHEMAS = Path(workflow.basedir) / "workflow" / "schemas"
+CONDITIONS = Path(workflow.basedir) / "configs" / "condition"  # one file per condition, read by both drivers
 MLFLOW_STAMP = "results/.init/mlflow.done"
 # The conda environment of each kind of job, per driver (envs/; used with --sdm conda only).
 ENVS = {"cpu": "../../envs/cpu.yaml", "train": "../../envs/train-gpu.yaml", "eval": "../../envs/eval-gpu.yaml"}
@@ -154,6 +155,42 @@ def sweep_workers(pair):
     return range(sweep_config(pair)["n_workers"])
 
 
+def study_file(study):
+    return f"configs/sweep/{study}.yaml"
+
+
+@functools.cache
+def study_config(study):
+    """The grid config of a study, checked for the keys the workflow reads; its pair must be the config's."""
+    path = study_file(study)
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except OSError as e:
+        raise WorkflowError(
+            f"results/studies/{study}: cannot read {path} ({e.strerror}); a study is configs/sweep/<study>.yaml"
+        ) from None
+    try:
+        validate(raw, str(SCHEMAS / "sweep.schema.yaml"))
+    except WorkflowError as e:
+        raise WorkflowError(f"results/studies/{study}: {path} is not a valid sweep config", e) from None
+    if (raw.get("sampler") or {}).get("name") != "grid":
+        raise WorkflowError(
+            f"results/studies/{study}: {path} is not a grid study (set sampler: {{name: grid}} and a grid); "
+            "a search runs as a pair's sweep (pairs.<pair>.sweep, results/sweeps/)"
+        )
+    pair_cfg(raw["pair"])  # a pair of the pipeline config: its data and base model feed the trials
+    return raw
+
+
+def study_pair(study):
+    return study_config(study)["pair"]
+
+
+def study_workers(study):
+    return range(study_config(study)["n_workers"])
+
+
 def env(kind, driver="local"):
     """The conda env file of a kind of job: the CPU stack for the local driver, the GPU stacks for verl."""
     return ENVS["cpu"] if driver == "local" else ENVS[kind]
@@ -218,6 +255,24 @@ def all_sweeps():
     return [f"{sweep_dir(p)}/summary" for p, cfg in config["pairs"].items() if "sweep" in cfg]
 
 
+def check_condition(pair, condition):
+    """A condition of the pair has a file in configs/condition/ and the pair's driver runs it."""
+    path = CONDITIONS / f"{condition}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONDITIONS.glob("*.yaml")))
+        raise WorkflowError(
+            f"pairs.{pair}.conditions: {condition!r} has no configs/condition/{condition}.yaml; known: {known}"
+        )
+    with open(path) as f:
+        unsupported = (yaml.safe_load(f) or {}).get("unsupported_drivers") or {}
+    driver = pair_cfg(pair)["driver"]
+    if driver in unsupported:
+        raise WorkflowError(
+            f"pairs.{pair}.conditions: {condition!r} does not run on the {driver} driver: "
+            f"{unsupported[driver]}; remove it from pairs.{pair}.conditions"
+        )
+
+
 def check_config():
     """Cross-field checks the schema cannot express; each error names the field and the fix."""
     for pair, cfg in config["pairs"].items():
@@ -225,6 +280,8 @@ def check_config():
             name = cfg.get(key)
             if name is not None and name not in config["datasets"]:
                 raise WorkflowError(f"pairs.{pair}.{key}: {name!r} is not in `datasets`; add datasets.{name}")
+        for condition in cfg["conditions"]:
+            check_condition(pair, condition)
         for condition in cfg["ticks"]:
             if condition not in cfg["conditions"]:
                 raise WorkflowError(

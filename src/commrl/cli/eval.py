@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from commrl.eval.benchmarks import BENCHMARKS
 from commrl.eval.errors import EvalError
 from commrl.eval.runner import BACKENDS
+from commrl.run.summary import RunSummary, SummaryError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,34 +39,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or results/mlflow.db")
 
 
-def read_summary(summary: str | Path) -> dict:
-    """A training run's ``summary.json`` (both drivers write one)."""
-    path = Path(summary)
-    if not path.is_file():
-        raise EvalError(f"--summary {path} does not exist; train the run first or pass --run-id")
+def read_summary(summary: str | Path) -> RunSummary:
+    """A training run's ``summary.json`` (both drivers write the same schema)."""
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise EvalError(f"--summary {path} is not JSON ({err.msg}); pass --run-id instead") from err
-    if not isinstance(data, dict) or "mlflow_run_id" not in data:
-        raise EvalError(f"--summary {path} has no mlflow_run_id key; pass --run-id instead")
-    return data
+        return RunSummary.read(Path(summary))
+    except SummaryError as err:
+        raise EvalError(f"--summary: {err}; or pass --checkpoint and --run-id") from None
 
 
-def read_point_checkpoint(summary: str | Path, data: dict) -> str:
-    """The HF directory of the run at its read tick (``read``), else its last tick (``final``)."""
-    found = data.get("read") or data.get("final") or data.get("final_dir")
-    if not found:
-        raise EvalError(f"--summary {summary} records no exported model (read/final); pass --checkpoint")
-    return str(found)
+def read_point_checkpoint(trained: RunSummary, source: str | Path) -> str:
+    """The HF directory of the run at its read tick (``read``)."""
+    if not trained.read:
+        raise EvalError(
+            f"--summary {source} records no model at the read tick {trained.read_at} (trained "
+            f"{trained.ticks_trained} of {trained.ticks_asked} ticks); finish the run or pass --checkpoint"
+        )
+    return trained.read
 
 
 def run(args: argparse.Namespace) -> int:
     from commrl.eval import USER_ERRORS, evaluate_checkpoint
 
     try:
-        trained = read_summary(args.summary) if args.summary else {}
-        run_id = args.run_id or trained.get("mlflow_run_id")
+        trained = read_summary(args.summary) if args.summary else None
+        run_id = args.run_id or (trained.mlflow_run_id if trained else None)
         if args.summary and run_id is None:
             print(
                 f"commrl eval: {args.summary} records no MLflow run; the evaluation run is not nested",
@@ -76,13 +72,13 @@ def run(args: argparse.Namespace) -> int:
             raise EvalError(
                 "give --checkpoint DIR, or --summary of a training run to evaluate its read point"
             )
-        checkpoint = args.checkpoint or read_point_checkpoint(args.summary, trained)
+        checkpoint = args.checkpoint or read_point_checkpoint(trained, args.summary)
         summary = evaluate_checkpoint(
             checkpoint,
             args.benchmark,
             backend=args.backend,
             out=args.out,
-            pair=args.pair,
+            pair=args.pair or (trained.pair if trained else None),
             run_id=run_id,
             limit=args.limit,
             max_gen_toks=args.max_gen_toks,

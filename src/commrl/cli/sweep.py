@@ -8,6 +8,11 @@
 ``worker``s afterwards, rerun them after a crash or preemption (they do only what is left); ``summary``
 writes best_params.json, trials.csv, importances.json and the plots. The study name defaults to
 ``<pair>-<condition>``. Exit status: 0 done, 1 a bad config or an unusable study (the message says which).
+
+A grid config (``sampler: {name: grid}``, e.g. configs/sweep/tiny-regime.yaml) runs the same three steps
+on its studies (``commrl.sweep.grid``): with a ``baseline``, ``init`` and ``worker`` do the baseline's
+study ``<study>-<baseline>`` first, then the grid's; ``summary`` writes the cells of the grid
+(cells.csv, cells.json, runs.csv, heatmap.png: ``commrl.sweep.grid_summary``).
 """
 
 from __future__ import annotations
@@ -68,37 +73,55 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _init(cfg, study: str, out: Path | None) -> int:
+    from commrl.sweep.grid import grid_studies
     from commrl.sweep.study import init_study
     from commrl.sweep.summary import dashboard_hint
     from commrl.sweep.trial_config import check_trials
 
-    check_trials(cfg)
-    record = init_study(cfg, study)
-    what = "created" if record["created"] else "already there (nothing changed)"
-    print(
-        f"study {study!r} in {cfg.storage.location}: {what}; "
-        f"MLflow parent run {record['mlflow_parent_run_id']}"
-    )
+    studies = grid_studies(cfg, study)
+    for part, _ in studies:
+        check_trials(part)
+    records = []
+    for part, name in studies:
+        record = init_study(part, name)
+        what = "created" if record["created"] else "already there (nothing changed)"
+        print(
+            f"study {name!r} ({part.condition}, {part.n_trials} trials) in {cfg.storage.location}: {what}; "
+            f"MLflow parent run {record['mlflow_parent_run_id']}"
+        )
+        records.append(record)
     print(dashboard_hint(cfg))
     if out:
-        _write_json(out, record)
+        _write_json(out, _combined(records))
     return 0
 
 
 def _worker(cfg, study: str, worker: int, out: Path | None) -> int:
+    from commrl.sweep.grid import grid_studies
     from commrl.sweep.worker import run_worker
 
-    record = run_worker(cfg, study, worker)
-    print(
-        f"worker {worker}: ran trials {[t['number'] for t in record['trials']]}; "
-        f"study {study!r} has {record['finished']}/{record['n_trials']} finished trials"
-    )
+    records = []
+    for part, name in grid_studies(cfg, study):
+        record = run_worker(part, name, worker)
+        print(
+            f"worker {worker}: ran trials {[t['number'] for t in record['trials']]}; "
+            f"study {name!r} has {record['finished']}/{record['n_trials']} finished trials"
+        )
+        records.append(record)
     if out:
-        _write_json(out, record)
+        _write_json(out, _combined(records))
     return 0
 
 
+def _combined(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record of the study itself, with its baseline study's (a grid's, done first) under ``baseline``."""
+    *baseline, main = records
+    return {**main, "baseline": baseline[0]} if baseline else main
+
+
 def _summary(cfg, study: str, out: Path) -> int:
+    if cfg.is_grid:
+        return _grid_summary(cfg, study, out)
     from commrl.sweep.summary import summarize
 
     best = summarize(cfg, study, out)
@@ -111,6 +134,16 @@ def _summary(cfg, study: str, out: Path) -> int:
         )
     print(f"summary written to {out}")
     print(best["dashboard"])
+    return 0
+
+
+def _grid_summary(cfg, study: str, out: Path) -> int:
+    from commrl.sweep.grid_summary import summarize_grid
+
+    header = summarize_grid(cfg, study, out)
+    done = ", ".join(f"{n} {p['finished']}/{p['points']}" for n, p in header["progress"].items())
+    print(f"grid study {study!r}: points finished {done}; {header['n_cells']} cells")
+    print(f"summary written to {out} (cells.csv, cells.json, runs.csv, heatmap.png)")
     return 0
 
 

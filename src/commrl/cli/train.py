@@ -53,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INCOMPLETE
-    print(f"commrl train: {result.ticks_trained} ticks done; final model in {result.final_dir}")
+    print(f"commrl train: {result.ticks_trained} ticks done; final model in {result.final}")
     return 0

@@ -23,15 +23,16 @@ from pathlib import Path
 
 from commrl import tracking
 from commrl.compression.config import ConfigError
+from commrl.run import record
+from commrl.run.summary import SUMMARY_FILE
 
 EXIT_ERROR, EXIT_INCOMPLETE = 1, 3
-RUN_ID_FILE = "mlflow_run_id"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", required=True, help="A | B (configs/verl/pair/)")
     parser.add_argument(
-        "--condition", required=True, help="dense | method | no_projection | anchor_off | prf_mask | dropout"
+        "--condition", required=True, help="a condition of configs/condition/ (e.g. dense, method)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="the run's folder")
@@ -44,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--config-dir", type=Path, default=None, help="commrl's tree (default: configs/verl)")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved verl config, exit")
+    parser.add_argument(
+        "--run-spec",
+        default=None,
+        help="where the MLflow run goes: JSON {kind, parent_run_id, run_name, tags} (set by the verl sweep)",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value: method.cadence=10, trainer.save_freq=5, ...")
 
 
@@ -56,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         data_dir = (args.data_dir or tracking.results_dir() / "data").resolve()
         out_dir = args.out.resolve()
         uri = tracking.default_tracking_uri()
-        run_id = None if args.dry_run else existing_run_id(out_dir, uri)
+        placement = record.RunSpec.from_json(args.run_spec) if args.run_spec else record.RunSpec()
+        run_id = None if args.dry_run else record.recorded_run_id(out_dir, uri)
         overrides = vc.run_overrides(spec, out_dir, data_dir, args.val_file, uri, run_id, verl_overrides)
         cfg = vc.compose_verl_config(overrides)
         vc.check_verl_config(cfg)
@@ -73,10 +80,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{spec.train_dataset} / {spec.val_dataset} --out <data-dir>/<name>) or pass --data-dir / "
                 "--val-file"
             )
-    except ConfigError as err:
+    except (ConfigError, ValueError) as err:
         print(f"commrl verl-train: {err}", file=sys.stderr)
         return EXIT_ERROR
-    return train(spec, cfg, out_dir, uri, run_id)
+    return train(spec, cfg, out_dir, uri, run_id, placement)
 
 
 def require_gpu() -> None:
@@ -91,75 +98,38 @@ def require_gpu() -> None:
         )
 
 
-def existing_run_id(out_dir: Path, tracking_uri: str) -> str | None:
-    """The MLflow run of an earlier attempt of this run (``DIR/mlflow_run_id``), if the store still has it."""
-    path = out_dir / RUN_ID_FILE
-    if not path.exists():
-        return None
-    run_id = path.read_text().strip()
-    try:
-        tracking.client(tracking_uri).get_run(run_id)
-    except Exception:
-        return None
-    return run_id
+def identity(spec, ticks: int) -> record.RunIdentity:
+    """The run's identity for its MLflow record (the same tag set as the local driver's runs)."""
+    return record.RunIdentity(
+        spec.pair, spec.condition, spec.seed, spec.method.codec, "verl", ticks, spec.read_at
+    )
 
 
-def start_mlflow_run(spec, out_dir: Path, tracking_uri: str, run_id: str | None) -> str:
-    """Create (or reopen) the run ``<pair>/<condition>/seed<k>`` with commrl's tags; verl logs into it."""
+def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, placement: record.RunSpec) -> int:
+    """verl's ``run_ppo`` with commrl's TaskRunner; then count ticks, export HF folders, write the summary.
 
-    client = tracking.client(tracking_uri)
-    if run_id is not None:
-        client.update_run(run_id, status="RUNNING")
-        return run_id
-    experiment_id = tracking.ensure_experiment(tracking.experiment_name(spec.pair), tracking_uri, client)
-    tags = {
-        "pair": spec.pair,
-        "condition": spec.condition,
-        "codec": spec.method.codec,
-        "seed": str(spec.seed),
-        "git_commit": tracking.git_commit(),
-        "driver": "verl",
-        "kind": "train",
-    }
-    run_id = client.create_run(experiment_id, run_name=spec.run_name, tags=tags).info.run_id
-    tracking.log_params(run_id, {"method": spec.method.to_dict()}, tracking_uri)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{RUN_ID_FILE}.tmp"
-    tmp.write_text(run_id + "\n")
-    os.replace(tmp, out_dir / RUN_ID_FILE)
-    return run_id
-
-
-def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None) -> int:
-    """verl's ``run_ppo`` with commrl's TaskRunner; then count ticks, export HF folders, write the summary."""
+    A rerun of a run whose checkpoints already reach the asked ticks trains nothing (verl's ``fit`` would
+    step once more after loading the last checkpoint): it only re-exports and rewrites the summary.
+    """
     from omegaconf import OmegaConf
 
     from commrl.verl_ext import config as vc
-    from commrl.verl_ext.checkpoint import finish_run
+    from commrl.verl_ext.checkpoint import latest_tick, summarize_run
 
-    fresh = run_id is None
-    run_id = start_mlflow_run(spec, out_dir, tracking_uri, run_id)
-    if fresh:  # the config was composed before the run existed
-        OmegaConf.update(cfg, f"{vc.ENV_VARS_KEY}.MLFLOW_RUN_ID", run_id, force_add=True)
+    ticks = int(cfg.trainer.total_training_steps)
+    run_id, _ = record.open_run(identity(spec, ticks), out_dir, tracking_uri, placement, run_id)
+    record.log_config(run_id, {"method": spec.method.to_dict()}, tracking_uri)
+    OmegaConf.update(cfg, f"{vc.ENV_VARS_KEY}.MLFLOW_RUN_ID", run_id, force_add=True)
     os.environ.update({"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_RUN_ID": run_id})
-    import ray
-    from verl.trainer.main_ppo import run_ppo
-    from verl.utils.device import auto_set_device
-
-    from commrl.verl_ext.trainer import CommrlTaskRunner
-
-    auto_set_device(cfg)
     error: BaseException | None = None
-    try:
-        run_ppo(cfg, task_runner_class=CommrlTaskRunner)
-    except Exception as err:  # still count what was trained and write the summary
-        error = err
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-    summary = finish_run(out_dir, int(cfg.trainer.total_training_steps), spec.read_at, run_id)
+    done = latest_tick(Path(cfg.trainer.default_local_dir))
+    if done >= ticks:
+        print(f"commrl verl-train: {out_dir} already holds tick {done} of {ticks}; nothing to train")
+    else:
+        error = run_verl(cfg)
+    summary = summarize_run(out_dir, spec, ticks, run_id, tracking_uri)
     status = "FINISHED" if summary.complete and error is None else "FAILED"
-    tracking.client(tracking_uri).set_terminated(run_id, status)
+    record.finish_run(run_id, status, tracking_uri=tracking_uri)
     if error is not None:
         trained = summary.ticks_trained
         print(f"commrl verl-train: verl failed after {trained} tick(s): {error!r}", file=sys.stderr)
@@ -167,9 +137,29 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None) -> in
     if not summary.complete:
         print(
             f"commrl verl-train: verl trained {summary.ticks_trained} of {summary.ticks_asked} ticks "
-            f"(see {out_dir / 'summary.json'}); a resume that trains nothing exits 0 in verl",
+            f"(see {out_dir / SUMMARY_FILE}); a resume that trains nothing exits 0 in verl",
             file=sys.stderr,
         )
         return EXIT_INCOMPLETE
     print(f"commrl verl-train: {summary.ticks_trained} ticks done; final model in {summary.final}")
     return 0
+
+
+def run_verl(cfg) -> Exception | None:
+    """verl's ``run_ppo`` with ``CommrlTaskRunner``; the error it raised, if any (the caller still counts
+    what was trained and writes the summary)."""
+    import ray
+    from verl.trainer.main_ppo import run_ppo
+    from verl.utils.device import auto_set_device
+
+    from commrl.verl_ext.trainer import CommrlTaskRunner
+
+    auto_set_device(cfg)
+    try:
+        run_ppo(cfg, task_runner_class=CommrlTaskRunner)
+    except Exception as err:
+        return err
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    return None

@@ -4,19 +4,22 @@ Codecs, PowerSGD, sign memory, projection, anchor controller, byte ledger.
 """
 
 from commrl.compression.activation import (
+    BasisRefresh,
     IdentityCodec,
     LowRankActivationCodec,
     PRFMaskActivationCodec,
+    energy_captured,
     lowrank_project,
     orth,
     prf_key,
     prf_mask,
     prf_uniform,
     random_orthonormal,
+    sketch_step,
     sketch_update,
 )
 from commrl.compression.anchor import TwoCircuitController, build_codec
-from commrl.compression.config import ConfigError, MethodConfig
+from commrl.compression.config import ConfigError, MethodConfig, compression_layers
 from commrl.compression.hooks import SUPPORTED_MODEL_TYPES, CompressionPoints, decoder_layers
 from commrl.compression.ledger import AnalyticBytes, ByteLedger, analytic_tick_bytes, qwen25_15b_shapes
 from commrl.compression.powersgd import PowerSGD, WireBytes, cholesky_orth
@@ -27,11 +30,12 @@ from commrl.compression.projection import (
     relex_projection,
     secant_projection,
 )
-from commrl.compression.sign_memory import DenseMemory, memory_update, sign_correct
+from commrl.compression.sign_memory import DenseMemory, memory_update, sign_agreement, sign_correct
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "AnalyticBytes",
+    "BasisRefresh",
     "ByteLedger",
     "CompressionPoints",
     "ConfigError",
@@ -47,7 +51,9 @@ __all__ = [
     "analytic_tick_bytes",
     "build_codec",
     "cholesky_orth",
+    "compression_layers",
     "decoder_layers",
+    "energy_captured",
     "lowrank_project",
     "memory_update",
     "orth",
@@ -60,6 +66,8 @@ __all__ = [
     "random_orthonormal",
     "relex_projection",
     "secant_projection",
+    "sign_agreement",
     "sign_correct",
+    "sketch_step",
     "sketch_update",
 ]

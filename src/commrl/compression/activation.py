@@ -12,7 +12,9 @@ mask depends only on its key and the tensor shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -92,10 +94,31 @@ def sketch_update(S: Tensor, A: Tensor, Q: Tensor, token_mask: Tensor | None = N
 
     ``A`` is (..., d); ``token_mask`` (its leading shape, True = real token) selects the rows; None keeps all.
     """
+    return sketch_step(S, A, Q, token_mask)[0]
+
+
+def sketch_step(S: Tensor, A: Tensor, Q: Tensor, token_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``sketch_update`` and, from the same ``A Q``, the energy terms ``(||A Q||_F^2, ||A||_F^2)``.
+
+    Both over the non-padding rows of ``A``, computed in ``S``'s dtype; the energy terms come back as a
+    float64 pair (their ratio is ``energy_captured``).
+    """
     rows = A.detach()
     rows = rows[token_mask] if token_mask is not None else rows.reshape(-1, rows.shape[-1])
     rows = rows.to(S.dtype)
-    return torch.addmm(S, rows.T, rows @ Q.to(S.dtype))
+    projected = rows @ Q.to(S.dtype)
+    energy = torch.stack([projected.square().sum(), rows.square().sum()]).double()
+    return torch.addmm(S, rows.T, projected), energy
+
+
+def energy_captured(kept: float, total: float) -> float:
+    """``||A Q||_F^2 / ||A||_F^2``: the share of the activations' energy that the basis ``Q`` keeps (§4).
+
+    With orthonormal columns ``||A Q||_F = ||(A Q) Q^T||_F``, so this is
+    ``1 - ||A - A_hat||_F^2 / ||A||_F^2``; 1 for ``r = d``, about ``r / d`` for a random basis and isotropic
+    activations. NaN when ``A`` is zero.
+    """
+    return kept / total if total > 0 else math.nan
 
 
 def orth(S: Tensor) -> Tensor:
@@ -133,12 +156,36 @@ class IdentityCodec:
         return float(tokens * hidden)
 
 
+@dataclass(frozen=True)
+class BasisRefresh:
+    """What a refresh ``Q <- orth(S)`` measured, per compression point.
+
+    ``overlap[i]``: ``subspace_overlap(Q_old, Q_new)`` (1.0 where the point saw no token and kept its basis);
+    ``energy[i]``: ``energy_captured`` of the sketched activations by the basis they were sketched with,
+    ``Q_old`` (NaN where the point saw no token).
+    """
+
+    overlap: list[float]
+    energy: list[float]
+
+    @property
+    def mean_overlap(self) -> float:
+        return sum(self.overlap) / len(self.overlap)
+
+    @property
+    def mean_energy(self) -> float:
+        """Mean of ``energy`` over the points that saw tokens (NaN when none did)."""
+        seen = [e for e in self.energy if not math.isnan(e)]
+        return sum(seen) / len(seen) if seen else math.nan
+
+
 class LowRankActivationCodec:
     """``A_hat = (A Q) Q^T`` with one basis per compression point (method.md §2) and its refresh (§3.4).
 
     Before the first refresh ``Q`` is ``random_orthonormal`` seeded by (seed, point). ``accumulate`` adds
-    ``A^T (A Q)`` to the point's sketch during a dense pass; ``refresh`` sets ``Q <- orth(S)`` everywhere.
-    Bases are kept in float32 and cast to the activations' device and dtype when used.
+    ``A^T (A Q)`` to the point's sketch during a dense pass (and ``(||A Q||_F^2, ||A||_F^2)`` to its energy
+    terms); ``refresh`` sets ``Q <- orth(S)`` everywhere. Bases are kept in float32 and cast to the
+    activations' device and dtype when used.
     """
 
     name = "lowrank"
@@ -150,6 +197,7 @@ class LowRankActivationCodec:
             for point in range(num_points)
         ]
         self.sketches: list[Tensor | None] = [None] * num_points
+        self.energies: list[Tensor | None] = [None] * num_points
         self._cast: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
 
     def basis(self, point: int, like: Tensor) -> Tensor:
@@ -166,15 +214,19 @@ class LowRankActivationCodec:
 
     def begin_sketch(self) -> None:
         self.sketches = [None] * len(self.bases)
+        self.energies = [None] * len(self.bases)
 
     def accumulate(self, point: int, A: Tensor, token_mask: Tensor | None) -> None:
         S = self.sketches[point]
         if S is None:
             S = torch.zeros(self.hidden, self.rank, dtype=torch.float32, device=A.device)
-        self.sketches[point] = sketch_update(S, A, self.bases[point].to(A.device), token_mask)
+        S, energy = sketch_step(S, A, self.bases[point].to(A.device), token_mask)
+        previous = self.energies[point]
+        self.sketches[point] = S
+        self.energies[point] = energy if previous is None else previous + energy
 
-    def refresh(self, all_reduce: Callable[[Tensor], None] | None = None) -> float:
-        """``Q <- orth(S)`` at every point (sketches summed over ranks by ``all_reduce``); mean overlap.
+    def refresh(self, all_reduce: Callable[[Tensor], None] | None = None) -> BasisRefresh:
+        """``Q <- orth(S)`` at every point (sketches and energy terms summed over ranks by ``all_reduce``).
 
         A point whose summed sketch is zero (it saw no token) keeps its basis.
         """
@@ -185,8 +237,15 @@ class LowRankActivationCodec:
                 for S in self.sketches
             ]
         )
+        energies = torch.stack(
+            [
+                e.to(device) if e is not None else torch.zeros(2, dtype=torch.float64, device=device)
+                for e in self.energies
+            ]
+        )
         if all_reduce is not None:
             all_reduce(stacked)
+            all_reduce(energies)
         overlaps = []
         for point, S in enumerate(stacked):
             old = self.bases[point]
@@ -196,8 +255,9 @@ class LowRankActivationCodec:
             self.bases[point] = orth(S).to(device=old.device, dtype=torch.float32)
             overlaps.append(subspace_overlap(old, self.bases[point]))
         self.sketches = [None] * len(self.bases)
+        self.energies = [None] * len(self.bases)
         self._cast.clear()
-        return sum(overlaps) / len(overlaps)
+        return BasisRefresh(overlaps, [energy_captured(kept, total) for kept, total in energies.tolist()])
 
     def state_dict(self) -> dict:
         return {"bases": [Q.detach().cpu().clone() for Q in self.bases]}

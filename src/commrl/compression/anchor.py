@@ -2,19 +2,22 @@
 
 A driver's tick::
 
+    if ctrl.is_calibration_tick():               # anchor off: t = 0 only, before any pass through the codec
+        ctrl.calibrate(dense_forward)            #   (the old / reference log-probs too): sketch for Q
+    ...                                          # old / reference log-probs through the codec
     if ctrl.is_fire_tick():                      # anchor on: t = 0, K, 2K, ...
-        metrics = ctrl.fire(dense_replay)        # stale view -> projection -> dense replay (+ sketch)
-        optimizer.step()                         #   Q refresh, M update, live weights back, p.grad = G_dense
-    else:
-        if ctrl.is_calibration_tick():           # anchor off: t = 0 only, sketch for Q, no update
-            ctrl.calibrate(dense_forward)
+        ctrl.fire(dense_replay, codec_replay)    # stale view -> projection -> [codec replay] -> dense replay
+        optimizer.step()                         #   (+ sketch), Q refresh, M update, live weights back,
+    else:                                        #   p.grad = G_dense
         for j, minibatch in enumerate(minibatches):
             optimizer.zero_grad()
             with ctrl.compressed(microbatch_id=j, token_mask=mask):
                 loss.backward()
             ctrl.compress_gradients()            # PowerSGD (+ error feedback) then sign correction
-            optimizer.step()
-    metrics |= ctrl.end_tick()                   # comm/* for this tick; tick += 1
+            if ctrl.is_update_tick():            # method.fast_step=false: fast ticks take no step
+                optimizer.step()
+    metrics |= ctrl.end_tick()                   # every metric of the tick (comm/*, anchor/*, codec/*,
+                                                 #   sign_memory/*); tick += 1
 
 Parameters may be FSDP2 ``DTensor``s: every per-parameter state (memory, error feedback, snapshots) is
 kept for the local shard; ``process_group`` (default: the parameters' mesh group) sums the sketches
@@ -24,6 +27,7 @@ shards.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -35,12 +39,14 @@ from torch.distributed.tensor import DTensor
 
 from commrl.compression.activation import (
     ActivationCodec,
+    BasisRefresh,
     IdentityCodec,
     LowRankActivationCodec,
     PRFMaskActivationCodec,
     lowrank_project,
 )
-from commrl.compression.config import MethodConfig
+from commrl.compression.config import MethodConfig, compression_layers
+from commrl.compression.diagnostics import RankSums, cosine, cosine_terms, squared_norm
 from commrl.compression.hooks import CompressionPoints, decoder_layers
 from commrl.compression.ledger import ByteLedger
 from commrl.compression.powersgd import PowerSGD, all_reduce_many, local_tensor, shard_group
@@ -51,7 +57,7 @@ from commrl.compression.projection import (
     relex_gram,
     snapshots_needed,
 )
-from commrl.compression.sign_memory import DenseMemory, sign_correct_
+from commrl.compression.sign_memory import DenseMemory, sign_agreement, sign_correct, sign_correct_
 
 SAMPLER_STREAM = 2**31 - 1  # PRF micro-batch id reserved for the sampler's own masks
 
@@ -66,7 +72,11 @@ def build_codec(cfg: MethodConfig, hidden: int, num_points: int) -> ActivationCo
 
 
 class TwoCircuitController:
-    """Owns the compression points, bases, PowerSGD state, dense memory, snapshots, ledger and tick."""
+    """Owns the compression points, bases, PowerSGD state, dense memory, snapshots, ledger and tick.
+
+    Every metric a tick produces (the fire's, the calibration's, the fast steps' sign agreement, the
+    ledger's bytes) is collected here and returned by ``end_tick``.
+    """
 
     def __init__(
         self,
@@ -75,31 +85,46 @@ class TwoCircuitController:
         process_group: dist.ProcessGroup | None = None,
         snapshot_device: torch.device | str = "cpu",
     ) -> None:
-        layers = decoder_layers(model)
+        self.num_layers = len(decoder_layers(model))
         self.hidden = int(model.config.hidden_size)
         self.cfg = cfg.validate(self.hidden)
+        self.layer_ids = compression_layers(self.num_layers, cfg.points)
         self.model = model
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self._sharded = {name: shard_group(p) is not None for name, p in self.params.items()}
         mesh_groups = [shard_group(p) for p in self.params.values() if isinstance(p, DTensor)]
         self.process_group = (
             process_group
             if process_group is not None
             else next((g for g in mesh_groups if g is not None), None)
         )
-        self.codec = build_codec(cfg, self.hidden, len(layers))
+        self.codec = build_codec(cfg, self.hidden, len(self.layer_ids))
         self.ledger = ByteLedger()
-        self.points = CompressionPoints(model, self.codec, self.ledger)
+        self.points = CompressionPoints(model, self.codec, self.ledger, self.layer_ids)
         self.attached: list[CompressionPoints] = []
         self.powersgd = (
             PowerSGD(cfg.effective_grad_rank(), cfg.min_compression_rate, cfg.seed)
             if cfg.grad_codec == "powersgd"
             else None
         )
+        self.sign_scope = self._sign_scope()
         self.memory = DenseMemory(cfg.beta)
         self.snapshots = SnapshotBuffer(snapshot_device)
         self._tick = 0
         self._secant_fires = 0
         self._fired_this_tick = False
+        self._calibrated_this_tick = False
+        self._counting = True
+        self._tick_metrics: dict[str, float] = {}
+        self._agreement = RankSums()
+
+    def _sign_scope(self) -> frozenset[str]:
+        """The parameters the sign correction re-signs (and the dense memory keeps), by ``sign_scope``:
+        ``all`` every trainable parameter, ``compressed`` those PowerSGD compresses (full shapes)."""
+        if self.cfg.sign_scope == "all":
+            return frozenset(self.params)
+        assert self.powersgd is not None, "validate(): sign_scope=compressed needs grad_codec=powersgd"
+        return frozenset(name for name, p in self.params.items() if self.powersgd.compresses(tuple(p.shape)))
 
     @property
     def tick(self) -> int:
@@ -110,22 +135,43 @@ class TwoCircuitController:
         return self.cfg.anchor and self._tick % self.cfg.cadence == 0
 
     def is_calibration_tick(self) -> bool:
-        """Anchor off, ``t = 0``, and a codec with a basis to calibrate (``lowrank``)."""
-        return not self.cfg.anchor and self._tick == 0 and isinstance(self.codec, LowRankActivationCodec)
+        """Anchor off, ``t = 0``, a codec with a basis to calibrate (``lowrank``), not yet calibrated.
+
+        A driver calibrates before the tick's first pass through the codec (the old-log-prob pass), so
+        that every pass of tick 0 uses the calibrated basis.
+        """
+        return (
+            not self.cfg.anchor
+            and self._tick == 0
+            and not self._calibrated_this_tick
+            and isinstance(self.codec, LowRankActivationCodec)
+        )
+
+    def is_update_tick(self) -> bool:
+        """Whether this tick's gradients go to the optimizer: a fire tick, or a fast tick when
+        ``method.fast_step`` (false: the anchor-only control, fast ticks take no optimizer step at all)."""
+        return self.cfg.fast_step or self.is_fire_tick()
+
+    def compression_points(self, module: nn.Module) -> CompressionPoints:
+        """Compression points on ``module`` at the controller's layers, with its codec and ledger."""
+        if int(module.config.hidden_size) != self.hidden or len(decoder_layers(module)) != self.num_layers:
+            raise ValueError(
+                "compression points of this controller need a model with hidden size "
+                f"{self.hidden} and {self.num_layers} decoder layers"
+            )
+        return CompressionPoints(module, self.codec, self.ledger, self.layer_ids)
 
     def attach(self, module: nn.Module) -> None:
         """Put the same compression points (same codec, bases and ledger) on another model of the same
         shape, e.g. the frozen reference policy, whose forward then goes through the actor's codec
         (method.md §1.5, ``kl_ref_forward: codec``). ``compressed()`` and ``dense()`` cover it too."""
-        if int(module.config.hidden_size) != self.hidden or len(decoder_layers(module)) != len(self.points):
-            raise ValueError("attach() needs a model with the controller's hidden size and number of layers")
-        self.attached.append(CompressionPoints(module, self.codec, self.ledger))
+        self.attached.append(self.compression_points(module))
 
     @contextmanager
     def _session(self, mode: str, microbatch: int, token_mask: Tensor | None) -> Iterator[None]:
         with ExitStack() as stack:
             for points in (self.points, *self.attached):
-                stack.enter_context(points.session(mode, self._tick, microbatch, token_mask))
+                stack.enter_context(points.session(mode, self._tick, microbatch, token_mask, self._counting))
             yield
 
     @contextmanager
@@ -142,15 +188,29 @@ class TwoCircuitController:
 
     def sampler_codec_fn(self) -> Callable[[int, Tensor], Tensor] | None:
         """The codec as a sampler applies it to one layer's residual stream ``A`` (``[tokens, d]``), with
-        the current bases; None for the identity codec. For ``prf_mask`` the sampler's masks come from
-        their own key stream (``microbatch = SAMPLER_STREAM``): unbiased, but not the trainer's draws."""
+        the current bases; None for the identity codec. Layers without a compression point (the last one
+        under ``points: boundaries``) pass unchanged. For ``prf_mask`` the sampler's masks come from their
+        own key stream (``microbatch = SAMPLER_STREAM``): unbiased, but not the trainer's draws."""
         codec = self.codec
+        point_of = {layer: point for point, layer in enumerate(self.layer_ids)}
         if isinstance(codec, LowRankActivationCodec):
             bases = [Q.detach().clone() for Q in codec.bases]
-            return lambda point, A: lowrank_project(A, bases[point].to(device=A.device, dtype=A.dtype))
+
+            def lowrank(layer: int, A: Tensor) -> Tensor:
+                if layer not in point_of:
+                    return A
+                return lowrank_project(A, bases[point_of[layer]].to(device=A.device, dtype=A.dtype))
+
+            return lowrank
         if isinstance(codec, PRFMaskActivationCodec):
             tick = self._tick
-            return lambda point, A: codec.apply(A, point, tick, SAMPLER_STREAM)
+
+            def masked(layer: int, A: Tensor) -> Tensor:
+                if layer not in point_of:
+                    return A
+                return codec.apply(A, point_of[layer], tick, SAMPLER_STREAM)
+
+            return masked
         return None
 
     def _grads(self) -> dict[str, Tensor]:
@@ -158,7 +218,11 @@ class TwoCircuitController:
 
     @torch.no_grad()
     def compress_gradients(self) -> None:
-        """Fast circuit on ``p.grad``: PowerSGD with error feedback, then the sign correction (§2)."""
+        """Fast circuit on ``p.grad``: PowerSGD with error feedback, then the sign correction (§2).
+
+        Once a memory exists, also counts ``sign_agreement(G_corr, M)`` over the sign scope for the
+        tick's ``sign_memory/agreement`` (also with ``alpha = 1``, where ``G_corr`` is ``G_hat``).
+        """
         if self._fired_this_tick:
             raise RuntimeError(
                 f"compress_gradients() at tick {self._tick}, a fire tick: the fire's dense update travels "
@@ -171,22 +235,34 @@ class TwoCircuitController:
         else:
             dense = _dense_bytes(grads)
             self.ledger.add("weights", dense, dense)
-        if self.memory and self.cfg.alpha < 1.0:
-            for name, grad in grads.items():
-                if name in self.memory:
-                    sign_correct_(local_tensor(grad), self.memory[name], self.cfg.alpha)
+        if not self.memory:
+            return
+        for name, grad in grads.items():
+            if name not in self.memory:
+                continue
+            local, M = local_tensor(grad), self.memory[name]
+            if self.cfg.alpha < 1.0:
+                sign_correct_(local, M, self.cfg.alpha)
+            self._agreement.add(sign_agreement(local, M), self._sharded[name])
 
     @torch.no_grad()
-    def fire(self, dense_replay: Callable[[], Any]) -> dict[str, float]:
+    def fire(self, dense_replay: Callable[[], Any], codec_replay: Callable[[], Any] | None = None) -> None:
         """The anchor circuit (method.md §3) at a fire tick; leaves ``p.grad = G_dense`` for the optimizer.
 
-        Snapshot the live weights; load the projection of the stale view; run ``dense_replay()`` (the
-        driver zeroes the grads, runs the dense forward+backward) while sketching; ``Q <- orth(S)``;
-        ``M`` update; live weights back.
+        Snapshot the live weights; load the projection of the stale view; with ``method.grad_cosine``, run
+        ``codec_replay()`` (the driver zeroes the grads and runs the replay's forward+backward with every
+        micro-batch inside ``compressed(j, mask)``, as a fast tick would) for the gradient cosines; run
+        ``dense_replay()`` (the driver zeroes the grads, runs the dense forward+backward) while sketching;
+        ``Q <- orth(S)``; ``M`` update; live weights back. Its metrics come with ``end_tick()``.
         """
         if not self.is_fire_tick():
             raise RuntimeError(
                 f"fire() at tick {self._tick}: the anchor fires at multiples of {self.cfg.cadence}"
+            )
+        if self.cfg.grad_cosine and codec_replay is None:
+            raise ValueError(
+                "fire() needs codec_replay (the replay through the codec) for anchor/grad_cosine_*; pass "
+                "it, or set method.grad_cosine=false"
             )
         t, delay = self._tick, self.cfg.effective_delay()
         live = {name: local_tensor(p) for name, p in self.params.items()}
@@ -196,6 +272,11 @@ class TwoCircuitController:
         scale = self._scale(len(window) >= 2)
         try:
             distance = self._load_projection(window, t, scale) if window else 0.0
+            codec_grads = (
+                self._codec_gradients(codec_replay)
+                if self.cfg.grad_cosine and codec_replay is not None
+                else None
+            )
             if isinstance(self.codec, LowRankActivationCodec):
                 self.codec.begin_sketch()
             with self.ledger.anchor():
@@ -204,19 +285,68 @@ class TwoCircuitController:
                 grads = self._grads()
                 dense = _dense_bytes(grads)
                 self.ledger.add("weights", dense, dense)
-                overlap = self._refresh_bases()
-            self.memory.update({name: local_tensor(g) for name, g in grads.items()})
+                refresh = self._refresh_bases()
+            if codec_grads is not None:
+                self._tick_metrics.update(self._grad_cosines(codec_grads, grads))
+            self.memory.update(
+                {name: local_tensor(g) for name, g in grads.items() if name in self.sign_scope}
+            )
         finally:  # live weights back, also when the replay fails
             for name, theta in self.snapshots[t].items():
                 live[name].copy_(theta)
         self.snapshots.prune(t, delay, needed)
         self._fired_this_tick = True
+        self._tick_metrics.update(
+            {
+                "anchor/visible_snapshots": float(len(window)),
+                "anchor/projection_scale": scale,
+                "anchor/projection_distance": distance,
+                **_refresh_metrics(refresh),
+            }
+        )
+
+    def _codec_gradients(self, codec_replay: Callable[[], Any]) -> dict[str, Tensor]:
+        """``G_codec``: the replay's gradient through the activation codec at ``theta_proj``, with the
+        bases in use (before this fire's refresh); uncounted, and taken out of ``p.grad``."""
+        self._counting = False
+        try:
+            with torch.enable_grad():
+                codec_replay()
+        finally:
+            self._counting = True
+        grads = self._grads()
+        for p in self.params.values():
+            p.grad = None
+        return grads
+
+    def _grad_cosines(
+        self, codec_grads: dict[str, Tensor], dense_grads: dict[str, Tensor]
+    ) -> dict[str, float]:
+        """``anchor/grad_cosine_raw = cos(G_hat, G_dense)`` and ``anchor/grad_cosine_corrected =
+        cos(G_corr, G_dense)``, each over all parameters at once (method.md §4).
+
+        ``G_hat`` is ``G_codec`` through the weight codec as the fast circuit would send it at this tick
+        (PowerSGD on a copy of the error feedback and warm-start state, which stay untouched), ``G_corr`` its
+        sign correction with the memory before this fire's update (``G_hat`` itself before the first fire
+        or with ``alpha = 1``).
+        """
+        if self.powersgd is not None:
+            copy.deepcopy(self.powersgd).compress_(codec_grads, self.process_group)
+        raw, corrected = RankSums(), RankSums()
+        correct = bool(self.memory) and self.cfg.alpha < 1.0
+        for name, g_hat in codec_grads.items():
+            if name not in dense_grads:
+                continue
+            local, dense, sharded = local_tensor(g_hat), local_tensor(dense_grads[name]), self._sharded[name]
+            terms = cosine_terms(local, dense)
+            raw.add(terms, sharded)
+            if correct and name in self.memory:
+                terms = cosine_terms(sign_correct(local, self.memory[name], self.cfg.alpha), dense)
+            corrected.add(terms, sharded)
+        raw_total, corrected_total = raw.total(self.process_group), corrected.total(self.process_group)
         return {
-            "anchor/fire": 1.0,
-            "anchor/visible_snapshots": float(len(window)),
-            "anchor/projection_scale": scale,
-            "anchor/projection_distance": distance,
-            "anchor/basis_overlap": overlap,
+            "anchor/grad_cosine_raw": cosine(raw_total) if raw_total is not None else 0.0,
+            "anchor/grad_cosine_corrected": cosine(corrected_total) if corrected_total is not None else 0.0,
         }
 
     def _scale(self, has_secant: bool) -> float:
@@ -253,10 +383,13 @@ class TwoCircuitController:
             dist.all_reduce(sq, group=self.process_group)
         return float(sq[0].sqrt() / sq[1].sqrt().clamp_min(1e-30))
 
-    def _refresh_bases(self) -> float:
-        """``Q <- orth(S)`` at every point, sketches summed over ranks; bytes ``d * r`` per point."""
+    def _refresh_bases(self) -> BasisRefresh | None:
+        """``Q <- orth(S)`` at every point, sketches summed over ranks; bytes ``d * r`` per point.
+
+        None for a codec without bases.
+        """
         if not isinstance(self.codec, LowRankActivationCodec):
-            return 1.0
+            return None
         reduce = None
         if self.process_group is not None:
             group = self.process_group
@@ -264,31 +397,59 @@ class TwoCircuitController:
             def reduce(t: Tensor) -> None:
                 dist.all_reduce(t, group=group)
 
-        overlap = self.codec.refresh(reduce)
+        refresh = self.codec.refresh(reduce)
         basis_bytes = float(
             len(self.points) * self.hidden * self.cfg.rank * self.points.activation_element_size
         )
         self.ledger.add("basis_refresh", basis_bytes, 0.0)
-        return overlap
+        return refresh
 
     @torch.no_grad()
-    def calibrate(self, dense_forward: Callable[[], Any]) -> dict[str, float]:
-        """Anchor off, t = 0: a dense forward that only sketches, then ``Q <- orth(S)``; no M, no update."""
+    def calibrate(self, dense_forward: Callable[[], Any]) -> None:
+        """Anchor off, t = 0: a dense forward that only sketches, then ``Q <- orth(S)``; no M, no update.
+
+        Once per run, before the tick's first pass through the codec; its metrics come with ``end_tick()``.
+        """
         if not self.is_calibration_tick():
             raise RuntimeError(
-                f"calibrate() at tick {self._tick}: only at t = 0 with the anchor off and codec lowrank"
+                f"calibrate() at tick {self._tick}: only once, at t = 0, with the anchor off and codec "
+                "lowrank"
             )
         self.codec.begin_sketch()
         with self.points.session("sketch", self._tick):
             dense_forward()
-        return {"anchor/basis_overlap": self._refresh_bases()}
+        self._tick_metrics.update(_refresh_metrics(self._refresh_bases()))
+        self._calibrated_this_tick = True
+
+    @torch.no_grad()
+    def grad_norm(self) -> float:
+        """``||g||_2`` over every parameter's ``p.grad`` (row shards summed over ranks; all ranks call it)."""
+        sums = RankSums()
+        for name, grad in self._grads().items():
+            sums.add(squared_norm(local_tensor(grad)), self._sharded[name])
+        total = sums.total(self.process_group)
+        return float(total.sqrt()) if total is not None else 0.0
 
     def end_tick(self) -> dict[str, float]:
-        """The tick's ``comm/*`` metrics (and ``anchor/fire``); advances the tick."""
-        metrics = self.ledger.end_tick()
+        """Every metric of the tick, from one call; advances the tick (every rank calls it).
+
+        ``comm/*`` (the ledger), ``anchor/fire``; on a fire tick ``anchor/visible_snapshots``,
+        ``anchor/projection_scale``, ``anchor/projection_distance``, ``anchor/basis_overlap``,
+        ``anchor/grad_cosine_raw``, ``anchor/grad_cosine_corrected`` (``method.grad_cosine``) and, for
+        ``lowrank``, ``codec/energy_captured`` (mean over points) and ``codec/energy_captured/layer<i>``;
+        on the calibration tick the basis overlap and energies; on a fast tick with a memory
+        ``sign_memory/agreement`` (absent when no element has both ``G_corr`` and ``M`` non-zero).
+        """
+        metrics = dict(self._tick_metrics)
+        agreement = self._agreement.total(self.process_group)
+        if agreement is not None and agreement[1] > 0:  # none when no element has G_corr and M non-zero
+            agree, total = agreement.tolist()
+            metrics["sign_memory/agreement"] = agree / total
+        metrics.update(self.ledger.end_tick())
         metrics["anchor/fire"] = float(self._fired_this_tick)
         self._tick += 1
-        self._fired_this_tick = False
+        self._fired_this_tick = self._calibrated_this_tick = False
+        self._tick_metrics = {}
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
@@ -338,3 +499,13 @@ class TwoCircuitController:
 
 def _dense_bytes(grads: dict[str, Tensor]) -> float:
     return float(sum(g.numel() * local_tensor(g).element_size() for g in grads.values()))
+
+
+def _refresh_metrics(refresh: BasisRefresh | None) -> dict[str, float]:
+    """``anchor/basis_overlap`` (1.0 for a codec without bases) and, with bases, ``codec/energy_captured``
+    (mean over the points) and ``codec/energy_captured/layer<i>`` per compression point."""
+    if refresh is None:
+        return {"anchor/basis_overlap": 1.0}
+    metrics = {"anchor/basis_overlap": refresh.mean_overlap, "codec/energy_captured": refresh.mean_energy}
+    metrics.update({f"codec/energy_captured/layer{i}": e for i, e in enumerate(refresh.energy)})
+    return metrics

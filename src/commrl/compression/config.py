@@ -16,6 +16,8 @@ CODECS = ("identity", "lowrank", "prf_mask")
 GRAD_CODECS = ("none", "powersgd")
 PROJECTIONS = ("none", "secant", "quad4", "progressive", "relex")
 KL_REF_FORWARDS = ("codec", "dense")
+POINTS = ("all", "boundaries")
+SIGN_SCOPES = ("all", "compressed")
 
 
 class ConfigError(ValueError):
@@ -36,10 +38,15 @@ def _is_number(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """Two-circuit method settings (method.md §2 fast circuit, §3 anchor circuit).
+    """Two-circuit method settings (method.md §2 fast circuit, §3 anchor circuit, §4 read-outs).
 
     ``prf_keep=None`` means ``rank / hidden`` (as many bytes as ``lowrank``), ``grad_rank=None`` means
-    ``rank``, ``delay=None`` means ``cadence`` (the note's "matching freshness delay").
+    ``rank``, ``delay=None`` means ``cadence`` (the note's "matching freshness delay"). The readings of
+    method.md: ``points`` (``all``: every decoder layer's output; ``boundaries``: all but the last, whose
+    output feeds the LM head on the same stage), ``sign_scope`` (``all``: every trainable parameter;
+    ``compressed``: the PowerSGD-compressed matrices only), ``fast_step`` (false: fast ticks take no
+    optimizer step, only the anchor's dense updates move the weights), ``grad_cosine`` (an extra
+    forward+backward through the codec on fire ticks for ``anchor/grad_cosine_*``).
     """
 
     codec: str = "lowrank"
@@ -58,6 +65,10 @@ class MethodConfig:
     alpha: float = 0.25
     beta: float = 0.25
     kl_ref_forward: str = "codec"
+    points: str = "all"
+    sign_scope: str = "all"
+    fast_step: bool = True
+    grad_cosine: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -86,6 +97,11 @@ class MethodConfig:
         self._check_choice("grad_codec", GRAD_CODECS)
         self._check_choice("projection", PROJECTIONS)
         self._check_choice("kl_ref_forward", KL_REF_FORWARDS)
+        self._check_choice("points", POINTS)
+        self._check_choice("sign_scope", SIGN_SCOPES)
+        for flag in ("anchor", "fast_step", "grad_cosine"):
+            if not isinstance(getattr(self, flag), bool):
+                raise _fail(flag, getattr(self, flag), "must be true or false")
         if not _is_int(self.rank) or self.rank < 1:
             raise _fail("rank", self.rank, "must be an integer >= 1 (and < the model's hidden size)")
         if hidden_size is not None and self.rank >= hidden_size:
@@ -94,14 +110,19 @@ class MethodConfig:
             raise _fail("grad_rank", self.grad_rank, "must be an integer >= 1, or null (= method.rank)")
         if self.prf_keep is not None and not (_is_number(self.prf_keep) and 0.0 < self.prf_keep <= 1.0):
             raise _fail("prf_keep", self.prf_keep, "must be in (0, 1], or null (= rank / hidden_size)")
+        if self.prf_keep is not None and self.codec != "prf_mask":
+            raise _fail(
+                "prf_keep",
+                self.prf_keep,
+                f"it sets the keep rate of codec prf_mask, but method.codec={self.codec!r}; set "
+                "method.prf_keep=null or method.codec=prf_mask",
+            )
         if not _is_number(self.min_compression_rate) or self.min_compression_rate < 1.0:
             raise _fail(
                 "min_compression_rate",
                 self.min_compression_rate,
                 "must be a number >= 1 (a compressed matrix must not be larger than the dense one)",
             )
-        if not isinstance(self.anchor, bool):
-            raise _fail("anchor", self.anchor, "must be true or false")
         if not _is_int(self.cadence) or self.cadence < 1:
             raise _fail(
                 "cadence", self.cadence, "must be an integer >= 1 (anchor fires every `cadence` ticks)"
@@ -120,6 +141,20 @@ class MethodConfig:
             raise _fail("beta", self.beta, "must be in [0, 1) (0 = memory is the newest dense gradient)")
         if not _is_int(self.seed) or self.seed < 0:
             raise _fail("seed", self.seed, "must be an integer >= 0")
+        if self.sign_scope == "compressed" and self.grad_codec != "powersgd":
+            raise _fail(
+                "sign_scope",
+                self.sign_scope,
+                f"with method.grad_codec={self.grad_codec!r} no matrix is compressed, so nothing would be "
+                "sign-corrected; set method.sign_scope=all or method.grad_codec=powersgd",
+            )
+        if not self.fast_step and not self.anchor:
+            raise _fail(
+                "fast_step",
+                self.fast_step,
+                "with method.anchor=false no tick would update the weights; set method.anchor=true "
+                "(the anchor-only control) or method.fast_step=true",
+            )
         if hidden_size is not None:
             self.keep_prob(hidden_size)
         return self
@@ -149,3 +184,24 @@ class MethodConfig:
                 f"rank / hidden_size = {p:.3f} is not in (0, 1]; set method.prf_keep",
             )
         return p
+
+
+def compression_layers(num_layers: int, points: str) -> list[int]:
+    """The decoder layers whose output is a compression point (method.md §2, ``method.points``).
+
+    ``all``: every layer, ``0 .. L-1``. ``boundaries``: ``0 .. L-2``, the outputs a pipeline stage boundary
+    can follow; the last layer's output feeds the final norm and the LM head on the last layer's own stage
+    and crosses no boundary, so it is neither compressed nor counted as a communicated tensor.
+    """
+    if points not in POINTS:
+        raise _fail("points", points, f"must be one of {', '.join(POINTS)}")
+    if not _is_int(num_layers) or num_layers < 1:
+        raise ConfigError(f"num_layers={num_layers!r} is invalid: must be an integer >= 1")
+    layers = list(range(num_layers if points == "all" else num_layers - 1))
+    if not layers:
+        raise _fail(
+            "points",
+            points,
+            "a model with one decoder layer has no pipeline boundary to compress; set method.points=all",
+        )
+    return layers

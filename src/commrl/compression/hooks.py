@@ -1,4 +1,4 @@
-"""Compression points: forward hooks on the output of every decoder layer (method.md §2).
+"""Compression points: forward hooks on the outputs of decoder layers (method.md §2, ``method.points``).
 
 Supported: Hugging Face causal LMs with the Llama layout, ``model.model.layers[i]`` (Qwen2, Qwen3, Llama,
 Mistral). FSDP2's ``fully_shard`` keeps that module tree, so the hooks work on sharded models too.
@@ -9,6 +9,9 @@ Modes (set for the duration of a ``session``):
 - ``dense``: ``A`` passes unchanged (bytes counted dense);
 - ``sketch``: ``A`` passes unchanged and the low-rank codec accumulates ``S += A^T (A Q)``;
 - outside a session the hooks do nothing and count nothing (generation, evaluation).
+
+A session opened with ``count=False`` (the controller's diagnostic pass through the codec at a fire tick)
+applies the codec but adds nothing to the ledger: those bytes would not cross in a real run.
 
 A token mask (B x T, True = real token) excludes padding from the sketch and the byte counts. It is the
 session's ``token_mask`` when given, else the 2-D ``attention_mask`` the decoder stack (``model.model``)
@@ -22,7 +25,7 @@ backward must then run inside the session, as the driver loop in ``anchor.py`` d
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -57,16 +60,34 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 class CompressionPoints:
-    """The hooks on every decoder layer, their mode, and the counting they feed into a ``ByteLedger``."""
+    """The hooks on the chosen decoder layers, their mode, and the counting they feed into a ``ByteLedger``.
 
-    def __init__(self, model: nn.Module, codec: ActivationCodec, ledger: ByteLedger) -> None:
-        self.layers = decoder_layers(model)
+    ``layers``: the indices of the decoder layers whose output is a compression point (default: every
+    layer); point ``i`` (the codec's basis ``i``, the PRF key's layer) sits on ``layers[i]``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        codec: ActivationCodec,
+        ledger: ByteLedger,
+        layers: Sequence[int] | None = None,
+    ) -> None:
+        decoder = decoder_layers(model)
+        self.layer_ids = list(range(len(decoder))) if layers is None else list(layers)
+        if not self.layer_ids or any(not 0 <= i < len(decoder) for i in self.layer_ids):
+            raise ValueError(
+                f"compression points on layers {self.layer_ids} do not fit a model with {len(decoder)} "
+                "decoder layers"
+            )
+        self.layers = [decoder[i] for i in self.layer_ids]
         self.hidden = int(model.config.hidden_size)
         self.codec, self.ledger = codec, ledger
         self.mode: str | None = None
         self.tick = 0
         self.microbatch = 0
         self.session_mask: Tensor | None = None
+        self.counting = True
         self.token_mask: Tensor | None = None
         self.tokens: int | None = None
         self.tokens_compressed = 0  # tokens through compressed forwards (counted once per forward)
@@ -89,9 +110,15 @@ class CompressionPoints:
 
     @contextmanager
     def session(
-        self, mode: str, tick: int, microbatch: int = 0, token_mask: Tensor | None = None
+        self,
+        mode: str,
+        tick: int,
+        microbatch: int = 0,
+        token_mask: Tensor | None = None,
+        count: bool = True,
     ) -> Iterator[None]:
-        """Hooks active in ``mode`` for the forward passes (and their backward) run inside."""
+        """Hooks active in ``mode`` for the forward passes (and their backward) run inside; ``count=False``
+        leaves the ledger (and ``tokens_compressed``) untouched."""
         if mode not in MODES:
             raise ValueError(f"compression mode {mode!r} is not one of {', '.join(MODES)}")
         if self.mode is not None:
@@ -101,13 +128,13 @@ class CompressionPoints:
                 "token_mask must be a (batch, tokens) bool tensor, got "
                 f"{tuple(token_mask.shape)} {token_mask.dtype}"
             )
-        self.mode, self.tick, self.microbatch = mode, tick, microbatch
+        self.mode, self.tick, self.microbatch, self.counting = mode, tick, microbatch, count
         self._set_mask(token_mask)
         self.session_mask = token_mask
         try:
             yield
         finally:
-            self.mode, self.session_mask = None, None
+            self.mode, self.session_mask, self.counting = None, None, True
             self._set_mask(None)
 
     def _set_mask(self, mask: Tensor | None) -> None:
@@ -148,7 +175,7 @@ class CompressionPoints:
         if self.mode == "compressed":
             A_hat = self.codec.apply(A, point, self.tick, self.microbatch)
             elements = self.codec.wire_elements(tokens, self.hidden)
-            if point == 0:
+            if point == 0 and self.counting:
                 self.tokens_compressed += tokens
         else:
             if self.mode == "sketch" and isinstance(self.codec, LowRankActivationCodec):
@@ -157,6 +184,8 @@ class CompressionPoints:
             A_hat, elements = A, dense_elements
         esize = A.element_size()
         self.activation_element_size = esize
+        if not self.counting:
+            return None if A_hat is A else _replace_output(output, A_hat)
         self.ledger.add("activations_forward", elements * esize, dense_elements * esize)
         if A_hat.requires_grad:
             A_hat.register_hook(partial(self._count_backward, elements, dense_elements))

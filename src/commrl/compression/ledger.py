@@ -1,8 +1,10 @@
 """What would cross the network: a per-tick byte ledger and the analytic formula it must agree with.
 
-Layout (method.md §2, §4): one compression point on the output of every decoder layer (a pipeline
-boundary) and the weight updates of every parameter. Per tick and channel the ledger keeps the bytes the
-method sends and the bytes a dense run would have sent for the same work:
+Layout (method.md §2, §4): one compression point on the output of every decoder layer (``points: all``)
+or of every layer but the last (``points: boundaries``), each a tensor that would cross a pipeline boundary,
+and the weight updates of every parameter. A layer output without a point is not a communicated tensor:
+neither the method nor the dense run sends it, so it adds nothing to either side. Per tick and channel the
+ledger keeps the bytes the method sends and the bytes a dense run would have sent for the same work:
 
 - ``activations_forward`` / ``activations_backward``: ``tokens * r`` (lowrank), ``p * tokens * d``
   (prf_mask) or ``tokens * d`` (dense passes, the anchor's replay) elements per point and pass, at the
@@ -23,6 +25,8 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from commrl.compression.config import compression_layers
 
 CHANNELS = ("activations_forward", "activations_backward", "basis_refresh", "weights")
 ACTIVATION_CHANNELS = ("activations_forward", "activations_backward", "basis_refresh")
@@ -166,22 +170,26 @@ def analytic_tick_bytes(
     prf_keep: float | None = None,
     grad_codec: str = "powersgd",
     anchor: bool = True,
+    points: str = "all",
 ) -> AnalyticBytes:
     """Analytic wire bytes for a model shape (method.md §2-§3), counting the training passes only.
 
-    A fast tick: every token goes forward and backward through ``layers`` compression points, ``r`` (lowrank),
+    ``points`` (``all``: ``layers`` compression points; ``boundaries``: ``layers - 1``, the last layer's
+    output crosses no boundary) sets the number of points ``P`` below.
+    A fast tick: every token goes forward and backward through ``P`` compression points, ``r`` (lowrank),
     ``p * d`` (prf_mask) or ``d`` (identity) elements per token each way, and ``updates_per_tick`` weight
     updates (PowerSGD ``(m + n) * rank`` per compressible matrix, dense otherwise). A fire tick: the dense
-    replay (``d`` per token each way), one dense weight update and the basis refresh ``layers * d * r``
+    replay (``d`` per token each way), one dense weight update and the basis refresh ``P * d * r``
     (lowrank only). ``act_bytes`` / ``grad_bytes`` are the element sizes (bf16 activations, fp32 reduced
     gradients by default). Extra forward-only passes (old/ref log-probs) are not counted here.
     """
     grad_rank = rank if grad_rank is None else grad_rank
+    n_points = len(compression_layers(layers, points))
     per_token = {"lowrank": rank, "identity": hidden, "prf_mask": (prf_keep or rank / hidden) * hidden}
     if codec not in per_token:
         raise ValueError(f"codec={codec!r} is not one of {', '.join(per_token)}")
-    dense_act = 2.0 * layers * tokens_per_tick * hidden * act_bytes
-    fast_act = 2.0 * layers * tokens_per_tick * per_token[codec] * act_bytes
+    dense_act = 2.0 * n_points * tokens_per_tick * hidden * act_bytes
+    fast_act = 2.0 * n_points * tokens_per_tick * per_token[codec] * act_bytes
     dense_w = float(sum(math.prod(int(s) for s in shape) for shape in weight_shapes)) * grad_bytes
     if grad_codec == "powersgd":
         fast_w = float(
@@ -190,7 +198,7 @@ def analytic_tick_bytes(
         fast_w *= grad_bytes
     else:
         fast_w = dense_w
-    basis = float(layers * hidden * rank * act_bytes) if codec == "lowrank" else 0.0
+    basis = float(n_points * hidden * rank * act_bytes) if codec == "lowrank" else 0.0
     return AnalyticBytes(
         fast_activations=fast_act,
         fast_weights=updates_per_tick * fast_w,

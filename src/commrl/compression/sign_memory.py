@@ -19,6 +19,18 @@ def sign_correct_(G: Tensor, M: Tensor, alpha: float) -> Tensor:
     return G.mul_(alpha).add_(resigned)
 
 
+def sign_agreement(G_corr: Tensor, M: Tensor) -> Tensor:
+    """Counts ``(agree, total)`` of the sign agreement between the applied update and the memory (§4):
+
+    ``agree = #{i : sign(G_corr_i) * sign(M_i) > 0}``, ``total = #{i : sign(G_corr_i) * sign(M_i) != 0}``,
+    i.e. over the elements where both are non-zero; ``sign_memory/agreement = sum agree / sum total``.
+    For ``alpha < 0.5`` every such element agrees (``|alpha G| < (1 - alpha) |G|``), so the agreement is 1.
+    Returned as a float64 pair on ``G_corr``'s device, to be summed without a host synchronisation.
+    """
+    product = torch.sign(G_corr) * torch.sign(M)
+    return torch.stack([(product > 0).sum(), (product != 0).sum()]).double()
+
+
 def memory_update(M: Tensor | None, G_dense: Tensor, beta: float) -> Tensor:
     """``M <- beta * M + (1 - beta) * G_dense``; the first fire (``M`` None) sets ``M = G_dense`` (§3.5)."""
     if M is None:

@@ -13,13 +13,13 @@ from commrl.eval.errors import (
     PairConfigError,
     TrainingRunError,
 )
-from commrl.eval.pairs import PAIRS, PairSettings, pair_settings
+from commrl.eval.pairs import EVAL_DEFAULTS, PairSettings, pair_settings
 from commrl.eval.runner import BACKENDS, evaluate_checkpoint
 
 __all__ = [
     "BACKENDS",
     "BENCHMARKS",
-    "PAIRS",
+    "EVAL_DEFAULTS",
     "USER_ERRORS",
     "Benchmark",
     "BenchmarkError",

@@ -1,9 +1,12 @@
 """Evaluation settings of each model/dataset pair: response budget, chat prompt and inference engine.
 
-The response budget of a pair is its training response length (method.md §5: 3072 tokens for pair A,
-4096 for pair B; the tiny pair's is ``sampler.max_new_tokens`` in ``configs/train/pair/tiny.yaml``), so
-an evaluation never truncates a chain of thought the policy was trained to write. ``max_model_len`` is
-prompt + response budget. Every field can be overridden from a YAML file (``--config``) or the CLI.
+The response budget of a pair is its training response length, read from the pair's own training config
+(the one source): ``verl.data.max_response_length`` of ``configs/verl/pair/<pair>.yaml`` (method.md §5:
+3072 tokens for pair A, 4096 for pair B), with ``max_model_len`` = ``verl.data.max_prompt_length`` + that;
+``sampler.max_new_tokens`` of ``configs/train/pair/<pair>.yaml`` for a local pair (the tiny one), whose
+``max_model_len`` is its model's context (``EVAL_DEFAULTS``). So an evaluation never truncates a chain of
+thought the policy was trained to write. Every field can be overridden from a YAML file (``--config``) or
+the CLI.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from commrl import config_tree
 from commrl.eval.errors import PairConfigError
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -60,19 +64,54 @@ class PairSettings:
             raise PairConfigError(f"eval.batch_size={self.batch_size!r} must be 'auto' or an integer >= 1")
 
 
-PAIRS: dict[str, PairSettings] = {
-    "tiny": PairSettings(
-        "tiny", max_gen_toks=24, max_model_len=512, dtype="float32", enforce_eager=True, batch_size=32
-    ),
-    "A": PairSettings("A", max_gen_toks=3072, max_model_len=4096),
-    "B": PairSettings("B", max_gen_toks=4096, max_model_len=5120),
+# What only evaluation decides, per pair (the budget comes from the pair's training config).
+EVAL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny": dict(max_model_len=512, dtype="float32", enforce_eager=True, batch_size=32),  # 512: its context
 }
+TREES = ("train", "verl")  # the drivers' config trees that hold pair files
 
 
-def pair_settings(pair: str, config: str | Path | None = None, **overrides: Any) -> PairSettings:
-    """The settings of ``pair``: the registry's, then the keys of YAML file ``config``, then ``overrides``
-    (None values are ignored). A pair outside the registry needs ``max_gen_toks`` and ``max_model_len``."""
-    values: dict[str, Any] = dataclasses.asdict(PAIRS[pair]) if pair in PAIRS else {}
+def pair_files(pair: str, config_root: Path | None = None) -> dict[str, Path]:
+    """``tree -> <tree>/pair/<pair>.yaml`` for each driver's tree (under ``config_root`` if given, else
+    where the drivers find their trees: ``configs/<tree>`` or ``$COMMRL_<TREE>_CONFIGS``)."""
+    files = {}
+    for tree in TREES:
+        if config_root is not None:
+            files[tree] = config_root / tree / "pair" / f"{pair}.yaml"
+            continue
+        try:
+            files[tree] = config_tree.tree_dir(tree) / "pair" / f"{pair}.yaml"
+        except config_tree.ConfigTreeError:
+            continue  # no such tree here: its pairs are unknown
+    return files
+
+
+def training_budget(pair: str, config_root: Path | None = None) -> dict[str, int]:
+    """``max_gen_toks`` (and ``max_model_len`` for a verl pair) from the pair's training config; ``{}``
+    when no driver's tree has the pair."""
+    found = {tree: path for tree, path in pair_files(pair, config_root).items() if path.is_file()}
+    if len(found) > 1:
+        raise PairConfigError(
+            f"pair {pair!r} is defined twice ({', '.join(map(str, found.values()))}); keep one"
+        )
+    if not found:
+        return {}
+    tree, path = next(iter(found.items()))
+    data = _read_config(path)
+    if tree == "train":
+        return {"max_gen_toks": _setting(data, ("sampler", "max_new_tokens"), path)}
+    response = _setting(data, ("verl", "data", "max_response_length"), path)
+    prompt = _setting(data, ("verl", "data", "max_prompt_length"), path)
+    return {"max_gen_toks": response, "max_model_len": prompt + response}
+
+
+def pair_settings(
+    pair: str, config: str | Path | None = None, *, config_root: Path | None = None, **overrides: Any
+) -> PairSettings:
+    """The settings of ``pair``: ``EVAL_DEFAULTS``, the budget of its training config
+    (``training_budget``), then the keys of YAML file ``config``, then ``overrides`` (None values are
+    ignored). A pair without a training config needs ``max_gen_toks`` and ``max_model_len``."""
+    values: dict[str, Any] = {**EVAL_DEFAULTS.get(pair, {}), **training_budget(pair, config_root)}
     if config is not None:
         values.update(_read_config(Path(config)))
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -85,11 +124,26 @@ def pair_settings(pair: str, config: str | Path | None = None, **overrides: Any)
         )
     missing = [name for name in ("max_gen_toks", "max_model_len") if name not in values]
     if missing:
+        files = pair_files(pair, config_root)
+        known = sorted({p.stem for path in files.values() for p in path.parent.glob("*.yaml")})
         raise PairConfigError(
-            f"pair {pair!r} has no eval settings for {', '.join(missing)} (known pairs: {', '.join(PAIRS)}); "
+            f"pair {pair!r} has no eval settings for {', '.join(missing)}: no training config "
+            f"{' or '.join(map(str, files.values()))} to read them from (known pairs: {', '.join(known)}); "
             "pass --max-gen-toks/--max-model-len or a --config YAML with them"
         )
     return PairSettings(**values)
+
+
+def _setting(data: dict[str, Any], keys: tuple[str, ...], path: Path) -> int:
+    value: Any = data
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PairConfigError(
+            f"{path} has no integer {'.'.join(keys)} (got {value!r}): the pair's training response budget, "
+            "which evaluation reads; set it there or pass --max-gen-toks/--max-model-len"
+        )
+    return value
 
 
 def _read_config(path: Path) -> dict[str, Any]:

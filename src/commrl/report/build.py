@@ -21,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from commrl import tracking
-from commrl.report.claims import Claim, ClaimThresholds, evaluate_claims
+from commrl.report.claims import STATUSES, Claim, ClaimThresholds, evaluate_claims
 from commrl.report.figures import FIGURES, FigureResult
 from commrl.report.render import PairSection, to_html, to_markdown
 from commrl.report.runs import REPORT_EXPERIMENT, PairRuns, ReportInputError, list_pairs, load_pair
@@ -183,6 +183,6 @@ def _log_claim_counts(client, run_id: str, claims: dict[str, list[Claim]]) -> No
     metrics = [
         Metric(f"claims/{pair}/{status.replace('/', '')}", float(sum(c.status == status for c in cs)), 0, 0)
         for pair, cs in claims.items()
-        for status in ("PASS", "MISS", "n/a")
+        for status in STATUSES
     ]
     client.log_batch(run_id, metrics=metrics)

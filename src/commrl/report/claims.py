@@ -1,20 +1,32 @@
-"""The note's qualitative claims, checked on this run's curves: the note's value, the threshold, PASS or MISS.
+"""The note's qualitative claims, checked on this run's seeds: the note's value, the threshold, a verdict.
 
-Every threshold lives in ``ClaimThresholds``. Curves are seed means (``curves.aggregate``). "The read tick"
-is the pair's ``read_at`` tag (the last logged tick not after it), or the last tick when runs carry none.
-A claim whose runs or metrics are missing is ``n/a`` and says what is missing.
+Every claim is computed per seed (the read-out of each seed's own curve: the score at the read tick, the
+mean over ticks, the best val/acc), then over the seeds of each condition with a 95% interval
+(``commrl.report.stats``: the seed mean, a difference paired by seed, or a ratio of means). The verdict is
+three-way: PASS when the interval lies entirely on the claim's side of its threshold, MISS when entirely on
+the other side, INCONCLUSIVE when it straddles the threshold or when there is no interval (one seed). A
+claim of two checks (claims 5 and 9) passes when both pass and misses when either misses; its n, estimate
+and interval are those of the check that decides it (the first MISS, else the first INCONCLUSIVE, else the
+first), its reason names every check. A claim whose runs or metrics are missing is ``n/a`` and says what is
+missing.
+
+Every threshold lives in ``ClaimThresholds``. "The read tick" is the pair's ``read_at`` tag (per seed, its
+last logged tick not after it), or the last tick when runs carry none.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 
 from commrl.report import curves as cv
-from commrl.report.runs import PairRuns, ReportInputError
+from commrl.report import stats
+from commrl.report.runs import PairRuns, ReportInputError, Series
+from commrl.report.stats import INCONCLUSIVE, MISS, PASS, Interval, Side
+from commrl.report.style import format_interval
 
-PASS, MISS, NA = "PASS", "MISS", "n/a"
+NA = "n/a"
+STATUSES: tuple[str, ...] = (PASS, MISS, INCONCLUSIVE, NA)
 
 
 @dataclass(frozen=True)
@@ -47,175 +59,281 @@ class ClaimThresholds:
 
 
 @dataclass(frozen=True)
+class Check:
+    """One comparison of a claim: ``quantity`` (its interval) against ``threshold`` on ``side``."""
+
+    quantity: str
+    interval: Interval
+    side: Side
+    threshold: float
+    status: str
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {
+            "quantity": self.quantity,
+            "side": self.side,
+            "threshold": self.threshold,
+            "status": self.status,
+            "reason": self.reason,
+            **self.interval.as_dict(),
+        }
+
+
+def check(quantity: str, interval: Interval, side: Side, threshold: float) -> Check:
+    """The ``Check`` of ``interval`` against ``threshold`` (``stats.verdict``)."""
+    status, reason = stats.verdict(interval, side, threshold)
+    return Check(quantity, interval, side, threshold, status, reason)
+
+
+def deciding(checks: tuple[Check, ...]) -> Check:
+    """The check that decides a conjunction: the first MISS, else the first INCONCLUSIVE, else the first."""
+    for status in (MISS, INCONCLUSIVE):
+        for c in checks:
+            if c.status == status:
+                return c
+    return checks[0]
+
+
+@dataclass(frozen=True)
 class Claim:
+    """One claim on one pair: its checks, the status of the deciding check, why (each check's interval
+    against its threshold), the text shown.
+
+    ``values``: the seed means per condition and the ticks read, for reference.
+    """
+
     number: int
     claim: str
     note: str
     threshold: str
     value: str
     status: str
-    values: dict[str, float | None] = field(default_factory=dict)
+    reason: str
+    checks: tuple[Check, ...] = ()
+    values: dict[str, float | int | str | None] = field(default_factory=dict)
+
+    @property
+    def decided_by(self) -> Check | None:
+        return deciding(self.checks) if self.checks else None
+
+    @property
+    def n(self) -> int | None:
+        """Seeds behind the deciding check (the smaller side of a comparison)."""
+        return None if self.decided_by is None else self.decided_by.interval.n
+
+    @property
+    def interval(self) -> Interval | None:
+        return None if self.decided_by is None else self.decided_by.interval
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        interval = self.interval
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "checks"}
+        return out | {
+            "n": self.n,
+            "estimate": None if interval is None else interval.estimate,
+            "low": None if interval is None else interval.low,
+            "high": None if interval is None else interval.high,
+            "checks": [c.as_dict() for c in self.checks],
+        }
 
 
 class _Missing(Exception):
     """A claim's inputs are not in the store; the message says which."""
 
 
-def _curve(runs: PairRuns, condition: str, metric: str) -> cv.Curve:
-    curve = cv.condition_curve(runs, condition, metric)
-    if curve is None:
+Result = tuple[tuple[Check, ...], str, dict]
+
+
+def _series(runs: PairRuns, condition: str, metric: str) -> dict[str, Series]:
+    found = cv.seed_series(runs, condition, metric)
+    if not found:
         raise _Missing(f"no {condition} runs with {metric}")
-    return curve
-
-
-def _read(runs: PairRuns, curve: cv.Curve) -> tuple[int, float]:
-    found = cv.value_at(curve, runs.read_at())
-    if found is None:
-        raise _Missing(f"no tick logged at or before the read tick {runs.read_at()}")
     return found
 
 
-def _gain(runs: PairRuns, condition: str) -> tuple[float, float, int, float]:
-    """``(start, score at read, read tick, gain)``, gain = score(read) - mean of the first three ticks."""
-    curve = _curve(runs, condition, "score/mean")
-    tick, score = _read(runs, curve)
-    start = cv.start_mean(curve)
-    return start, score, tick, score - start
+def _ticks(ticks: Mapping[str, int]) -> str:
+    """``40`` when every seed was read at one tick, else ``38-40``."""
+    low, high = min(ticks.values()), max(ticks.values())
+    return str(low) if low == high else f"{low}-{high}"
 
 
-def _ratio(a: float, b: float) -> float:
-    if b == 0:
-        return math.inf if a > 0 else math.nan
-    return a / b
+def _mean(values: Mapping[str, float]) -> float:
+    return sum(values.values()) / len(values)
 
 
-def _status(ok: bool) -> str:
-    return PASS if ok else MISS
+def _read(runs: PairRuns, condition: str, metric: str) -> tuple[dict[str, float], dict[str, int]]:
+    """Per seed, the value of ``metric`` at the read tick, and that tick."""
+    found = cv.per_seed(_series(runs, condition, metric), lambda s: cv.value_at(s, runs.read_at()))
+    if not found:
+        raise _Missing(f"no {condition} tick of {metric} logged at or before the read tick {runs.read_at()}")
+    return {k: v for k, (_, v) in found.items()}, {k: t for k, (t, _) in found.items()}
 
 
-def _kl_at_common(runs: PairRuns, condition: str, other: str) -> tuple[int, float, float]:
-    a, b = _curve(runs, condition, "actor/kl_loss"), _curve(runs, other, "actor/kl_loss")
-    tick = cv.last_common_tick(a, b)
+def _gains(runs: PairRuns, condition: str) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """Per seed ``(start, gain, read tick)``: gain = score(read) - mean of the seed's first three ticks."""
+    score, ticks = _read(runs, condition, "score/mean")
+    start = cv.per_seed(_series(runs, condition, "score/mean"), cv.start_mean)
+    seeds = sorted(set(score) & set(start))
+    return {s: start[s] for s in seeds}, {s: score[s] - start[s] for s in seeds}, ticks
+
+
+def _mean_over_ticks(runs: PairRuns, condition: str, metric: str) -> dict[str, float]:
+    found = cv.per_seed(_series(runs, condition, metric), cv.mean_over_ticks)
+    if not found:
+        raise _Missing(f"{condition} {metric} is NaN at every tick")
+    return found
+
+
+def _at_common_tick(runs: PairRuns, condition: str, other: str, metric: str) -> tuple[int, dict, dict]:
+    """The last tick every seed of both conditions logged, and each condition's values there."""
+    a, b = _series(runs, condition, metric), _series(runs, other, metric)
+    tick = cv.last_common_tick([*a.values(), *b.values()])
     if tick is None:
-        raise _Missing(f"{condition} and {other} share no logged tick of actor/kl_loss")
-    return tick, cv.exact_at(a, tick), cv.exact_at(b, tick)
-
-
-def _dense_learns(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    start, score, tick, gain = _gain(runs, "dense")
-    text = f"dense {start:.3f} -> {score:.3f} at tick {tick} (gain {gain:.3f})"
-    values = {"start": start, "score": score, "tick": tick, "gain": gain}
-    return _status(gain >= t.dense_min_gain), text, values
-
-
-def _method_matches_dense(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    tm, sm = _read(runs, _curve(runs, "method", "score/mean"))
-    td, sd = _read(runs, _curve(runs, "dense", "score/mean"))
-    gap = abs(sm - sd)
+        raise _Missing(f"the seeds of {condition} and {other} share no logged tick of {metric}")
     return (
-        _status(gap <= t.method_max_score_gap),
-        f"method {sm:.3f} (tick {tm}) vs dense {sd:.3f} (tick {td}), |diff| {gap:.3f}",
-        {"method": sm, "dense": sd, "method_tick": tm, "dense_tick": td, "diff": gap},
+        tick,
+        cv.per_seed(a, lambda s: cv.exact_at(s, tick)),
+        cv.per_seed(b, lambda s: cv.exact_at(s, tick)),
     )
 
 
-def _anchor_off_fails(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    *_, gain_off = _gain(runs, "anchor_off")
-    _, _, _, gain_dense = _gain(runs, "dense")
-    return (
-        _status(gain_off <= t.anchor_off_max_gain_fraction * gain_dense),
-        f"anchor_off gain {gain_off:.3f} vs dense gain {gain_dense:.3f}",
-        {"anchor_off_gain": gain_off, "dense_gain": gain_dense},
+def _dense_learns(runs: PairRuns, t: ClaimThresholds) -> Result:
+    start, gain, ticks = _gains(runs, "dense")
+    interval = stats.mean_interval(gain.values())
+    score = _mean(start) + interval.estimate
+    text = (
+        f"dense {_mean(start):.3f} -> {score:.3f} at tick {_ticks(ticks)}; gain {format_interval(interval)}"
     )
+    values = {"start": _mean(start), "score": score, "tick": _ticks(ticks), "gain": interval.estimate}
+    return (check("dense gain", interval, "at_least", t.dense_min_gain),), text, values
 
 
-def _method_kl_high(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    tick, km, kd = _kl_at_common(runs, "method", "dense")
-    ratio = _ratio(km, kd)
-    return (
-        _status(ratio >= t.kl_min_ratio_method_dense),
-        f"method {km:.4g} vs dense {kd:.4g} nats at tick {tick} (ratio {ratio:.3g})",
-        {"tick": tick, "method": km, "dense": kd, "ratio": ratio},
+def _method_matches_dense(runs: PairRuns, t: ClaimThresholds) -> Result:
+    (sm, tm), (sd, td) = _read(runs, "method", "score/mean"), _read(runs, "dense", "score/mean")
+    diff = stats.difference_interval(sm, sd)
+    text = (
+        f"method {_mean(sm):.3f} (tick {_ticks(tm)}) vs dense {_mean(sd):.3f} (tick {_ticks(td)}); "
+        f"diff {format_interval(diff)}"
     )
+    values = {
+        "method": _mean(sm),
+        "dense": _mean(sd),
+        "method_tick": _ticks(tm),
+        "dense_tick": _ticks(td),
+        "diff": diff.estimate,
+    }
+    return (check("method - dense score", diff, "within", t.method_max_score_gap),), text, values
 
 
-def _controls_kl_low(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    present = [c for c in ("prf_mask", "dropout") if cv.condition_curve(runs, c, "actor/kl_loss") is not None]
+def _anchor_off_fails(runs: PairRuns, t: ClaimThresholds) -> Result:
+    _, gain_off, _ = _gains(runs, "anchor_off")
+    _, gain_dense, _ = _gains(runs, "dense")
+    f = t.anchor_off_max_gain_fraction
+    contrast = stats.difference_interval(gain_off, gain_dense, scale=f)
+    text = (
+        f"anchor_off gain {_mean(gain_off):.3f} vs dense gain {_mean(gain_dense):.3f}; "
+        f"gain_off - {f:g} x gain_dense {format_interval(contrast)}"
+    )
+    values = {
+        "anchor_off_gain": _mean(gain_off),
+        "dense_gain": _mean(gain_dense),
+        "contrast": contrast.estimate,
+    }
+    return (check(f"anchor_off gain - {f:g} x dense gain", contrast, "at_most", 0.0),), text, values
+
+
+def _method_kl_high(runs: PairRuns, t: ClaimThresholds) -> Result:
+    tick, km, kd = _at_common_tick(runs, "method", "dense", "actor/kl_loss")
+    ratio = stats.ratio_interval(km, kd)
+    text = (
+        f"method {_mean(km):.4g} vs dense {_mean(kd):.4g} nats at tick {tick}; "
+        f"ratio {format_interval(ratio, '.3g')}"
+    )
+    values = {"tick": tick, "method": _mean(km), "dense": _mean(kd), "ratio": ratio.estimate}
+    return (check("KL method / dense", ratio, "at_least", t.kl_min_ratio_method_dense),), text, values
+
+
+def _controls_kl_low(runs: PairRuns, t: ClaimThresholds) -> Result:
+    present = [c for c in ("prf_mask", "dropout") if cv.seed_series(runs, c, "actor/kl_loss")]
     if not present:
         raise _Missing("no prf_mask or dropout runs with actor/kl_loss")
-    ok, parts, values = True, [], {}
+    checks, parts, values = [], [], {}
     for control in present:
-        tick, kc, km = _kl_at_common(runs, control, "method")
-        ok &= kc <= t.controls_max_kl_fraction * km
-        parts.append(f"{control} {kc:.4g} vs method {km:.4g} nats at tick {tick}")
-        values |= {control: kc, f"method_at_{control}_tick": km, f"{control}_tick": tick}
-    return _status(ok), "; ".join(parts), values
+        tick, kc, km = _at_common_tick(runs, control, "method", "actor/kl_loss")
+        ratio = stats.ratio_interval(kc, km)
+        checks.append(check(f"KL {control} / method", ratio, "at_most", t.controls_max_kl_fraction))
+        parts.append(
+            f"{control} {_mean(kc):.4g} vs method {_mean(km):.4g} nats at tick {tick}, "
+            f"ratio {format_interval(ratio, '.3g')}"
+        )
+        values |= {control: _mean(kc), f"method_at_{control}_tick": _mean(km), f"{control}_tick": tick}
+    return tuple(checks), "; ".join(parts), values
 
 
-def _mean_of(runs: PairRuns, condition: str, metric: str) -> float:
-    value = cv.mean_over_ticks(_curve(runs, condition, metric))
-    if math.isnan(value):
-        raise _Missing(f"{condition} {metric} is NaN at every tick")
-    return value
+def _corr_check(runs: PairRuns, condition: str, side: Side, threshold: float) -> Result:
+    corr = stats.mean_interval(_mean_over_ticks(runs, condition, "mismatch/logprob_corr").values())
+    text = f"{condition} mean corr {format_interval(corr, '.3f')}"
+    return (check(f"{condition} mean corr", corr, side, threshold),), text, {condition: corr.estimate}
 
 
-def _dense_corr(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    corr = _mean_of(runs, "dense", "mismatch/logprob_corr")
-    return _status(corr >= t.dense_min_corr), f"dense mean corr {corr:.3f}", {"dense": corr}
+def _dense_corr(runs: PairRuns, t: ClaimThresholds) -> Result:
+    return _corr_check(runs, "dense", "at_least", t.dense_min_corr)
 
 
-def _method_corr(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    corr = _mean_of(runs, "method", "mismatch/logprob_corr")
-    return _status(corr <= t.method_max_corr), f"method mean corr {corr:.3f}", {"method": corr}
+def _method_corr(runs: PairRuns, t: ClaimThresholds) -> Result:
+    return _corr_check(runs, "method", "at_most", t.method_max_corr)
 
 
-def _gap_ratio(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    gm, gd = (_mean_of(runs, c, "mismatch/prob_gap") for c in ("method", "dense"))
-    ratio = _ratio(gm, gd)
-    return (
-        _status(ratio >= t.gap_min_ratio),
-        f"method {gm:.4g} vs dense {gd:.4g} (ratio {ratio:.3g})",
-        {"method": gm, "dense": gd, "ratio": ratio},
+def _same_sampler(runs: PairRuns, t: ClaimThresholds) -> Result:
+    return _corr_check(runs, "method_same_sampler", "at_least", t.same_sampler_min_corr)
+
+
+def _gap_ratio(runs: PairRuns, t: ClaimThresholds) -> Result:
+    gm, gd = (_mean_over_ticks(runs, c, "mismatch/prob_gap") for c in ("method", "dense"))
+    ratio = stats.ratio_interval(gm, gd)
+    text = f"method {_mean(gm):.4g} vs dense {_mean(gd):.4g}; ratio {format_interval(ratio, '.3g')}"
+    values = {"method": _mean(gm), "dense": _mean(gd), "ratio": ratio.estimate}
+    return (check("prob gap method / dense", ratio, "at_least", t.gap_min_ratio),), text, values
+
+
+def _async_clip(runs: PairRuns, t: ClaimThresholds) -> Result:
+    metric = "mismatch/async_clip_frac_eps0.2"
+    cd, cm = (stats.mean_interval(_mean_over_ticks(runs, c, metric).values()) for c in ("dense", "method"))
+    checks = (
+        check("dense async clip", cd, "at_most", t.dense_max_async_clip),
+        check("method async clip", cm, "at_least", t.method_min_async_clip),
     )
+    text = f"dense {format_interval(cd, '.2%')} vs method {format_interval(cm, '.1%')} of tokens"
+    return checks, text, {"dense": cd.estimate, "method": cm.estimate}
 
 
-def _async_clip(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    cd, cm = (_mean_of(runs, c, "mismatch/async_clip_frac_eps0.2") for c in ("dense", "method"))
-    return (
-        _status(cd <= t.dense_max_async_clip and cm >= t.method_min_async_clip),
-        f"dense {cd:.1%} vs method {cm:.1%} of tokens",
-        {"dense": cd, "method": cm},
-    )
-
-
-def _same_sampler(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    corr = _mean_of(runs, "method_same_sampler", "mismatch/logprob_corr")
-    return (
-        _status(corr >= t.same_sampler_min_corr),
-        f"method_same_sampler mean corr {corr:.3f}",
-        {"method_same_sampler": corr},
-    )
-
-
-def _validation(runs: PairRuns, t: ClaimThresholds) -> tuple[str, str, dict]:
-    best = {c: cv.best(_curve(runs, c, "val/acc")) for c in ("method", "dense")}
-    if any(b is None for b in best.values()):
+def _validation(runs: PairRuns, t: ClaimThresholds) -> Result:
+    best = {c: cv.per_seed(_series(runs, c, "val/acc"), cv.best) for c in ("method", "dense")}
+    if not all(best.values()):
         raise _Missing("val/acc is NaN everywhere")
-    (tm, vm), (td, vd) = best["method"], best["dense"]
-    gap = abs(vm - vd)
-    return (
-        _status(gap <= t.val_max_gap),
-        f"method {vm:.3f} (tick {tm}) vs dense {vd:.3f} (tick {td})",
-        {"method": vm, "dense": vd, "method_tick": tm, "dense_tick": td, "diff": gap},
+    (vm, tm), (vd, td) = (
+        ({k: v for k, (_, v) in b.items()}, {k: tick for k, (tick, _) in b.items()})
+        for b in (best["method"], best["dense"])
     )
+    diff = stats.difference_interval(vm, vd)
+    text = (
+        f"method {_mean(vm):.3f} (tick {_ticks(tm)}) vs dense {_mean(vd):.3f} (tick {_ticks(td)}); "
+        f"diff {format_interval(diff)}"
+    )
+    values = {
+        "method": _mean(vm),
+        "dense": _mean(vd),
+        "method_tick": _ticks(tm),
+        "dense_tick": _ticks(td),
+        "diff": diff.estimate,
+    }
+    return (check("best val method - dense", diff, "within", t.val_max_gap),), text, values
 
 
-Check = Callable[[PairRuns, ClaimThresholds], tuple[str, str, dict]]
-# (claim, the note's value, threshold text from the thresholds, check)
-CLAIMS: tuple[tuple[str, str, Callable[[ClaimThresholds], str], Check], ...] = (
+Evaluate = Callable[[PairRuns, ClaimThresholds], Result]
+# (claim, the note's value, threshold text from the thresholds, evaluation)
+CLAIMS: tuple[tuple[str, str, Callable[[ClaimThresholds], str], Evaluate], ...] = (
     (
         "dense learns",
         "~0.35 at step 1 -> 0.709 at tick 100",
@@ -281,13 +399,16 @@ CLAIMS: tuple[tuple[str, str, Callable[[ClaimThresholds], str], Check], ...] = (
 
 
 def evaluate_claims(runs: PairRuns, thresholds: ClaimThresholds | None = None) -> list[Claim]:
-    """Every claim of ``CLAIMS`` on one pair, numbered from 1, with PASS, MISS or n/a."""
+    """Every claim of ``CLAIMS`` on one pair, numbered from 1: PASS, MISS, INCONCLUSIVE or n/a."""
     t = thresholds or ClaimThresholds()
     out = []
-    for number, (claim, note, threshold, check) in enumerate(CLAIMS, start=1):
+    for number, (claim, note, threshold, evaluate) in enumerate(CLAIMS, start=1):
         try:
-            status, value, values = check(runs, t)
+            checks, value, values = evaluate(runs, t)
         except _Missing as missing:
-            status, value, values = NA, str(missing), {}
-        out.append(Claim(number, claim, note, threshold(t), value, status, values))
+            out.append(Claim(number, claim, note, threshold(t), str(missing), NA, "inputs missing"))
+            continue
+        status = deciding(checks).status
+        reason = "; ".join(c.reason if len(checks) == 1 else f"{c.quantity}: {c.reason}" for c in checks)
+        out.append(Claim(number, claim, note, threshold(t), value, status, reason, checks, values))
     return out

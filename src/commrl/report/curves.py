@@ -1,24 +1,31 @@
-"""Per-condition curves: the seeds of a condition combined tick by tick, and the read-outs taken from them."""
+"""Per-condition curves (the seeds of a condition combined tick by tick, with a 95% band) and the per-seed
+read-outs (value at the read tick, best, mean over ticks) that the tables and claims aggregate."""
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from commrl.report.runs import PairRuns, Series
+from commrl.report.stats import mean_bands
+
+T = TypeVar("T", float, tuple[int, float])
 
 
 @dataclass(frozen=True)
 class Curve:
-    """A metric of one condition: at each tick the mean, min and max over the seeds that logged it."""
+    """A metric of one condition: per tick the seed mean, its 95% interval (``stats.mean_bands``; NaN where
+    fewer than two seeds logged the tick) and the number of seeds that logged it; ``seeds`` in all."""
 
     steps: np.ndarray
     mean: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    n: np.ndarray
     seeds: int
 
     def __len__(self) -> int:
@@ -26,20 +33,25 @@ class Curve:
 
 
 def aggregate(series: Sequence[Series]) -> Curve:
-    """``mean_t = (1/|S_t|) sum_{s in S_t} y_s(t)``, ``S_t`` the seeds that logged tick ``t``; NaN ignored."""
+    """``mean_t = (1/|S_t|) sum_{s in S_t} y_s(t)``, ``S_t`` the seeds that logged tick ``t`` (NaN ignored),
+    with the interval of that mean over ``S_t``."""
     steps = np.unique(np.concatenate([s.steps for s in series])) if series else np.array([], dtype=np.int64)
     table = np.full((len(series), len(steps)), np.nan)
     for i, s in enumerate(series):
         table[i, np.searchsorted(steps, s.steps)] = s.values
-    with warnings.catch_warnings():  # all-NaN ticks give NaN, which is what is meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return Curve(steps, np.nanmean(table, 0), np.nanmin(table, 0), np.nanmax(table, 0), len(series))
+    bands = mean_bands(table)
+    return Curve(steps, bands.mean, bands.low, bands.high, bands.n, len(series))
+
+
+def seed_series(runs: PairRuns, condition: str, metric: str) -> dict[str, Series]:
+    """``seed -> series`` of ``metric`` for the seeds of ``condition`` that logged at least one tick of it."""
+    found = {r.seed: r.metrics.get(metric) for r in runs.runs_of(condition)}
+    return {seed: s for seed, s in found.items() if s is not None and len(s.steps)}
 
 
 def condition_curve(runs: PairRuns, condition: str, metric: str) -> Curve | None:
     """The curve of ``metric`` over the seeds of ``condition``; None when no seed logged it."""
-    series = [r.metrics[metric] for r in runs.runs_of(condition) if metric in r.metrics]
-    series = [s for s in series if len(s.steps)]
+    series = list(seed_series(runs, condition, metric).values())
     return aggregate(series) if series else None
 
 
@@ -49,43 +61,56 @@ def curves(runs: PairRuns, metric: str, conditions: Sequence[str]) -> dict[str, 
     return {c: curve for c, curve in found.items() if curve is not None}
 
 
-def value_at(curve: Curve, tick: int | None) -> tuple[int, float] | None:
-    """``(t*, mean(t*))``, ``t*`` the last logged tick ``<= tick`` (the last tick when ``tick`` is None)."""
-    idx = np.nonzero(curve.steps <= tick)[0] if tick is not None else np.arange(len(curve))
+def per_seed(series: Mapping[str, Series], readout: Callable[[Series], T | None]) -> dict[str, T]:
+    """``seed -> readout(series)``, without the seeds whose read-out is None or NaN (a tuple's value)."""
+    out = {}
+    for seed, s in series.items():
+        value = readout(s)
+        number = value[-1] if isinstance(value, tuple) else value
+        if value is not None and not math.isnan(number):
+            out[seed] = value
+    return out
+
+
+def value_at(s: Series, tick: int | None) -> tuple[int, float] | None:
+    """``(t*, y(t*))``, ``t*`` the last logged tick ``<= tick`` (the last tick when ``tick`` is None)."""
+    idx = np.nonzero(s.steps <= tick)[0] if tick is not None else np.arange(len(s.steps))
     if not len(idx):
         return None
     i = int(idx[-1])
-    return int(curve.steps[i]), float(curve.mean[i])
+    return int(s.steps[i]), float(s.values[i])
 
 
-def exact_at(curve: Curve, tick: int) -> float | None:
-    """The mean at exactly ``tick``; None when no seed logged it."""
-    hit = np.nonzero(curve.steps == tick)[0]
-    return float(curve.mean[hit[0]]) if len(hit) else None
+def exact_at(s: Series, tick: int) -> float | None:
+    """The value at exactly ``tick``; None when it was not logged."""
+    hit = np.nonzero(s.steps == tick)[0]
+    return float(s.values[hit[0]]) if len(hit) else None
 
 
-def start_mean(curve: Curve, n: int = 3) -> float:
+def start_mean(s: Series, n: int = 3) -> float | None:
     """The mean of the first ``n`` logged ticks (ticks 0..2 when logging starts at 0): the starting level."""
-    return float(np.nanmean(curve.mean[:n]))
+    values = s.values[:n]
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if len(values) else None
 
 
-def mean_over_ticks(curve: Curve) -> float:
-    """``(1/T) sum_t mean(t)`` over the logged ticks (NaN ignored)."""
-    values = curve.mean[~np.isnan(curve.mean)]
-    return float(values.mean()) if len(values) else float("nan")
+def mean_over_ticks(s: Series) -> float | None:
+    """``(1/T) sum_t y(t)`` over the logged ticks (NaN ignored); None when every value is NaN."""
+    values = s.values[~np.isnan(s.values)]
+    return float(values.mean()) if len(values) else None
 
 
-def best(curve: Curve) -> tuple[int, float] | None:
-    """``(t, max_t mean(t))``, the earliest tick on a tie; None when every value is NaN."""
-    if np.all(np.isnan(curve.mean)):
+def best(s: Series) -> tuple[int, float] | None:
+    """``(t, max_t y(t))``, the earliest tick on a tie; None when every value is NaN."""
+    if np.all(np.isnan(s.values)):
         return None
-    i = int(np.nanargmax(curve.mean))
-    return int(curve.steps[i]), float(curve.mean[i])
+    i = int(np.nanargmax(s.values))
+    return int(s.steps[i]), float(s.values[i])
 
 
-def last_common_tick(*items: Curve) -> int | None:
-    """The last tick logged by every curve (None when they share none)."""
+def last_common_tick(items: Sequence[Series]) -> int | None:
+    """The last tick logged by every series (None when they share none)."""
     common = set(items[0].steps.tolist())
-    for curve in items[1:]:
-        common &= set(curve.steps.tolist())
+    for s in items[1:]:
+        common &= set(s.steps.tolist())
     return max(common) if common else None

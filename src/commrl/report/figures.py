@@ -3,7 +3,8 @@
 Each function returns a ``FigureResult``; a figure whose metric no condition logged is not drawn and
 carries the note that says so ("Figure 6 skipped (A): no runs with actor/kl_loss for conditions ...").
 Every condition that logged the metric is drawn; the note's conditions that are missing are named.
-Several seeds: the mean with a min-max band; one seed: a plain line.
+Curves: the seed mean per tick with its 95% interval as a band (``curves.aggregate``); one seed, the line
+alone. Bars: the seed mean with its 95% interval as a whisker. Captions name the seeds per condition.
 """
 
 from __future__ import annotations
@@ -20,11 +21,18 @@ from matplotlib.figure import Figure
 
 from commrl.report import curves as cv
 from commrl.report.runs import PairRuns
-from commrl.report.style import benchmark_label, order_conditions
+from commrl.report.stats import MIN_BOOTSTRAP_N, Interval, mean_interval
+from commrl.report.style import benchmark_label, format_interval, order_conditions
 from commrl.report.tables import eval_scores
 
 TICK_LABEL = "tick (optimizer step)"
 DPI = 110
+BAND_CAPTION = (
+    "Lines: the mean over seeds per tick; bands: its 95% confidence interval over the seeds that logged the "
+    f"tick (Student t below {MIN_BOOTSTRAP_N} seeds, BCa bootstrap from {MIN_BOOTSTRAP_N}); a condition "
+    "with one seed is the line alone."
+)
+BAR_CAPTION = "Bars: the mean over seeds; whiskers: its 95% confidence interval (none with one seed)."
 
 
 @dataclass(frozen=True)
@@ -67,12 +75,30 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=DPI, format="png")
 
 
-def _plot_curve(ax: Axes, curve: cv.Curve, condition: str, colour: str, markers: bool) -> None:
-    label = condition if curve.seeds == 1 else f"{condition} (mean of {curve.seeds} seeds)"
+def plot_curve(
+    ax: Axes, curve: cv.Curve, condition: str, colour: str, markers: bool, floor: float | None = None
+) -> None:
+    """The seed mean as a line and, where two or more seeds logged a tick, its interval as a band; on a log
+    axis the band is cut at ``floor`` (the axis bottom) where its lower end is not positive."""
     marker = "o" if markers or len(curve) == 1 else None
+    label = f"{condition} (n={curve.seeds})"
     ax.plot(curve.steps, curve.mean, color=colour, label=label, marker=marker, markersize=4, linewidth=1.4)
-    if curve.seeds > 1:
-        ax.fill_between(curve.steps, curve.lo, curve.hi, color=colour, alpha=0.2, linewidth=0)
+    banded = np.isfinite(curve.low)
+    if banded.any():
+        low = curve.low if floor is None else np.maximum(curve.low, floor)
+        ax.fill_between(curve.steps, low, curve.high, where=banded, color=colour, alpha=0.2, linewidth=0)
+
+
+def _log_floor(panel_curves: dict[str, cv.Curve]) -> float | None:
+    """Half the smallest positive mean or band end of a log panel; None when nothing is positive."""
+    values = np.concatenate([np.concatenate([c.mean, c.low]) for c in panel_curves.values()])
+    positive = values[np.isfinite(values) & (values > 0)]
+    return float(positive.min()) / 2 if len(positive) else None
+
+
+def seeds_caption(seeds: dict[str, int]) -> str:
+    """``Seeds: dense n=3, method n=1.``"""
+    return "Seeds: " + ", ".join(f"{c} n={n}" for c, n in seeds.items()) + "."
 
 
 def _no_data(ax: Axes) -> None:
@@ -120,8 +146,9 @@ def _lines(
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     read = runs.read_at()
     for ax, panel, panel_curves in zip(axes, panels, found, strict=True):
+        floor = _log_floor(panel_curves) if panel.log and panel_curves else None
         for condition, curve in panel_curves.items():
-            _plot_curve(ax, curve, condition, colours[condition], markers)
+            plot_curve(ax, curve, condition, colours[condition], markers, floor)
         ax.set(title=panel.title if len(panels) > 1 else "", xlabel=TICK_LABEL, ylabel=panel.ylabel)
         if not panel_curves:
             _no_data(ax)
@@ -131,14 +158,15 @@ def _lines(
             continue
         if read is not None:
             ax.axvline(read, linestyle=":", color="0.4", linewidth=1, label=f"read at tick {read}")
-        values = np.concatenate([c.mean for c in panel_curves.values()])
-        if panel.log and np.any(values > 0):
+        if floor is not None:
             ax.set_yscale("log")
+            ax.set_ylim(bottom=floor)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(f"{title} (pair {runs.pair})")
     _save(fig, out_dir / file)
-    caption += " A condition with several seeds: their mean, with a min-max band."
+    seeds = {c: max(f[c].seeds for f in found if c in f) for c in conditions if any(c in f for f in found)}
+    caption += f" {BAND_CAPTION} {seeds_caption(seeds)}"
     return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
 
 
@@ -247,12 +275,23 @@ def clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> Figur
     )
 
 
+def _whiskers(intervals: list[Interval | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Bar heights (the estimates, NaN where None) and ``yerr`` rows ``[mean - low, high - mean]`` (0 where
+    there is no interval)."""
+    mean = np.array([np.nan if i is None else i.estimate for i in intervals])
+    err = np.zeros((2, len(intervals)))
+    for j, i in enumerate(intervals):
+        if i is not None and i.low is not None and i.high is not None:
+            err[:, j] = (i.estimate - i.low, i.high - i.estimate)
+    return mean, err
+
+
 def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
-    """Grouped bars: one group per benchmark, one bar per condition (min-max whiskers over seeds)."""
+    """Grouped bars: one group per benchmark, one bar per condition (the seed mean, 95% CI whiskers)."""
     number, title = 4, "Accuracy per benchmark"
     caption = (
-        "eval/BENCHMARK/acc of the evaluated checkpoints (mean@1 greedy, avg@8 sampled), mean over "
-        "seeds. The note's Figure 4 (pair A) and Figure 11 (pair B)."
+        "eval/BENCHMARK/acc of the evaluated checkpoints (mean@1 greedy, avg@8 sampled). The note's "
+        f"Figure 4 (pair A) and Figure 11 (pair B). {BAR_CAPTION}"
     )
     file = file_name(number, "benchmarks", runs.pair)
     expected = ("dense", "method")
@@ -266,19 +305,18 @@ def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> 
     ax = fig.subplots()
     x = np.arange(len(scores))
     width = 0.8 / len(conditions)
+    seeds = {}
     for i, condition in enumerate(conditions):
         per = [scores[b].get(condition, []) for b in scores]
-        mean = np.array([np.mean(v) if v else np.nan for v in per])
-        lo = np.array([mean[j] - min(v) if v else 0.0 for j, v in enumerate(per)])
-        hi = np.array([max(v) - mean[j] if v else 0.0 for j, v in enumerate(per)])
-        several = any(len(v) > 1 for v in per)
+        mean, err = _whiskers([mean_interval(v) if v else None for v in per])
+        seeds[condition] = max(len(v) for v in per)
         ax.bar(
             x + (i - (len(conditions) - 1) / 2) * width,
             mean,
             width,
             color=colours[condition],
-            label=condition,
-            yerr=np.vstack([lo, hi]) if several else None,
+            label=f"{condition} (n={seeds[condition]})",
+            yerr=err,
             capsize=2,
         )
     ax.set_xticks(x, [benchmark_label(b) for b in scores], rotation=25, ha="right")
@@ -287,32 +325,45 @@ def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> 
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"{title} (pair {runs.pair})")
     _save(fig, out_dir / file)
+    caption += f" {seeds_caption(seeds)}"
     return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
 
 
 def best_validation_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
-    """One bar per condition (its codec in the label): its best val/acc, annotated with the tick."""
+    """One bar per condition (its codec in the label): the seed mean of each seed's best val/acc, 95% CI
+    whisker, annotated with the ticks the seeds reached it at."""
     number, title = 7, "Best validation accuracy per codec"
-    caption = "The best val/acc each condition reached and the tick it reached it at. The note's Figure 7."
+    caption = (
+        "The best val/acc each seed reached, averaged over the seeds of each condition, and the tick(s) it "
+        f"was reached at. The note's Figure 7. {BAR_CAPTION}"
+    )
     file = file_name(number, "best_val", runs.pair)
     expected = ("method", "prf_mask")
-    val = cv.curves(runs, "val/acc", order_conditions(runs.conditions()))
-    found = {c: b for c, b in ((c, cv.best(curve)) for c, curve in val.items()) if b is not None}
+    conditions = order_conditions(runs.conditions())
+    best = {c: cv.per_seed(cv.seed_series(runs, c, "val/acc"), cv.best) for c in conditions}
+    found = {c: b for c, b in best.items() if b}
     if not found:
         return _skipped(runs, file, number, title, caption, "val/acc", expected)
     notes = _missing_note(runs, number, "val/acc", expected, set(found))
     codec = {r.condition: r.codec for r in runs.train}
-    fig = Figure(figsize=(max(5.0, 1.2 * len(found) + 2), 4.2), layout="constrained")
+    intervals = [mean_interval(v for _, v in b.values()) for b in found.values()]
+    ticks = [sorted({t for t, _ in b.values()}) for b in found.values()]
+    fig = Figure(figsize=(max(5.0, 1.6 * len(found) + 2), 4.4), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(found))
-    values = [v for _, v in found.values()]
-    bars = ax.bar(x, values, 0.6, color=[colours[c] for c in found])
-    ax.bar_label(bars, [f"{v:.3f}\n@ tick {t}" for t, v in found.values()], fontsize="small")
+    mean, err = _whiskers(intervals)
+    bars = ax.bar(x, mean, 0.6, color=[colours[c] for c in found], yerr=err, capsize=3)
+    labels = [
+        f"{format_interval(i, '.3f')}\n@ tick {t[0] if len(t) == 1 else f'{t[0]}-{t[-1]}'}"
+        for i, t in zip(intervals, ticks, strict=True)
+    ]
+    ax.bar_label(bars, labels, fontsize="x-small", padding=2)
     ax.set_xticks(x, [f"{c}\n({codec.get(c) or 'codec ?'})" for c in found])
-    ax.set(ylabel="best validation accuracy (fraction)", xlabel="condition (codec)", ylim=(0, 1.12))
+    ax.set(ylabel="best validation accuracy (fraction)", xlabel="condition (codec)", ylim=(0, 1.15))
     ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"{title} (pair {runs.pair})")
     _save(fig, out_dir / file)
+    caption += f" {seeds_caption({c: len(b) for c, b in found.items()})}"
     return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
 
 

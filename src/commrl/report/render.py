@@ -1,24 +1,30 @@
-"""``report.md`` (figures by relative path) and a self-contained ``report.html`` (figures inlined, base64)."""
+"""``report.md`` (figures by relative path) and a self-contained ``report.html`` (figures inlined, base64).
+
+Both open with how to read the numbers (``reading_guide``: the interval method and the verdict rule, once)
+and state the seeds per condition of every pair.
+"""
 
 from __future__ import annotations
 
 import base64
 import html
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from commrl.report.claims import Claim
+from commrl.report.claims import STATUSES, Claim
 from commrl.report.figures import FigureResult
+from commrl.report.stats import BOOTSTRAP_SEED, CONFIDENCE, MIN_BOOTSTRAP_N, N_RESAMPLES, Interval
+from commrl.report.style import format_interval, format_number
 from commrl.report.tables import Cell, Table
 
-CLAIM_COLUMNS = ["#", "claim", "the note", "threshold", "this run", "status"]
+CLAIM_COLUMNS = ["#", "claim", "the note", "threshold", "this run (seed means, 95% CI)", "status", "why"]
 CSS = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
 td.PASS { background: #dff3df; font-weight: bold; } td.MISS { background: #f8dcdc; font-weight: bold; }
+td.INCONCLUSIVE { background: #fff2cc; font-weight: bold; }
 td.na { color: #777; }
 figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.9em; color: #444; }
@@ -36,31 +42,51 @@ class PairSection:
     figures: list[FigureResult]
 
 
+def reading_guide() -> list[str]:
+    """How to read the report, one paragraph per item: the cells, the interval method, the verdict rule."""
+    level = f"{CONFIDENCE:.0%}"
+    return [
+        "Every value from training or evaluation runs is read per seed (each seed's own curve), then "
+        "combined over the seeds of its condition: a cell reads `mean ± half-width (n=k)`, the half-width "
+        f"of a {level} confidence interval of the seed mean (an asymmetric interval reads `mean [low, high] "
+        "(n=k)`); `value (n=1)` is one seed, with no interval. Curves show the seed mean per tick with its "
+        f"{level} interval as a band; bars show it as a whisker.",
+        f"Intervals: below {MIN_BOOTSTRAP_N} seeds, Student's t (`mean ± t(n-1) s / sqrt(n)`; for two "
+        "conditions run on the same seeds, the interval of the per-seed differences, paired by seed; on "
+        "different seeds, Welch's interval; for a ratio of means, Fieller's interval); from "
+        f"{MIN_BOOTSTRAP_N} seeds, the BCa bootstrap (scipy.stats.bootstrap, {N_RESAMPLES} resamples, fixed "
+        f"seed {BOOTSTRAP_SEED}, so a rebuild gives the same interval). Seeds that agree exactly give the "
+        "point interval.",
+        f"Verdicts: a claim is PASS when its {level} interval lies entirely on the claim's side of the "
+        "threshold, MISS when it lies entirely on the other side, INCONCLUSIVE when it straddles the "
+        "threshold or when there is no interval (one seed: 'n=1: no interval'); n/a when its runs or metrics "
+        "are missing. A claim of two checks passes when both pass and misses when either misses. The "
+        "column 'why' gives the deciding interval against the threshold.",
+    ]
+
+
 def format_cell(value: Cell) -> str:
-    """``None`` -> ``n/a``; large integral floats (bytes) with thousands separators; other floats 4 digits."""
+    """``None`` -> ``n/a``; an interval as ``mean ± half-width (n=k)``; large integral floats (bytes) with
+    thousands separators; other floats 4 digits."""
     if value is None:
         return "n/a"
+    if isinstance(value, Interval):
+        return format_interval(value)
     if isinstance(value, float):
-        if math.isnan(value):
-            return "n/a"
-        if math.isfinite(value) and value.is_integer() and abs(value) >= 1e4:
-            return f"{int(value):,}"
-        return f"{value:.4g}"
+        return format_number(value)
     return str(value)
 
 
 def _claim_rows(claims: list[Claim]) -> list[list[Cell]]:
-    return [[c.number, c.claim, c.note, c.threshold, c.value, c.status] for c in claims]
+    return [[c.number, c.claim, c.note, c.threshold, c.value, c.status, c.reason] for c in claims]
 
 
 def _summary(section: PairSection) -> str:
-    counts = {s: sum(c.status == s for c in section.claims) for s in ("PASS", "MISS", "n/a")}
-    runs = ", ".join(f"{c} ({n} seed{'s' if n > 1 else ''})" for c, n in section.seeds.items()) or "none"
+    counts = {s: sum(c.status == s for c in section.claims) for s in STATUSES}
+    seeds = ", ".join(f"{c} n={n}" for c, n in section.seeds.items()) or "none"
     read = "the last tick (no read_at tag)" if section.read_at is None else f"tick {section.read_at}"
-    return (
-        f"Read at {read}. Training runs: {runs}. Claims: {counts['PASS']} PASS, {counts['MISS']} MISS, "
-        f"{counts['n/a']} n/a."
-    )
+    claims = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return f"Read at {read}. Seeds per condition (training runs): {seeds}. Claims: {claims}."
 
 
 def _md_table(columns: list[str], rows: list[list[Cell]]) -> str:
@@ -74,6 +100,7 @@ def _md_table(columns: list[str], rows: list[list[Cell]]) -> str:
 
 def to_markdown(title: str, header: list[str], notes: list[str], sections: list[PairSection]) -> str:
     out = [f"# {title}", "", *(f"- {h}" for h in header), ""]
+    out += ["## How to read the numbers", "", *(p for para in reading_guide() for p in (para, ""))]
     if notes:
         out += ["## Notes", "", *(f"- {n}" for n in notes), ""]
     for s in sections:
@@ -126,14 +153,17 @@ def to_html(
     e = html.escape
     out = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style>"
-        f"</head><body><h1>{e(title)}</h1><ul>{''.join(f'<li>{e(h)}</li>' for h in header)}</ul>"
+        f"</head><body><h1>{e(title)}</h1><ul>{''.join(f'<li>{e(h)}</li>' for h in header)}</ul>",
+        "<h2>How to read the numbers</h2>" + "".join(f"<p>{e(para)}</p>" for para in reading_guide()),
     ]
     if notes:
         out.append("<h2>Notes</h2>" + "".join(f'<p class="note">{e(n)}</p>' for n in notes))
     for s in sections:
         out.append(f"<h2>Pair {e(s.pair)}</h2><p>{e(_summary(s))}</p>")
         out.append("<h3>Claims: the note against this run</h3>")
-        out.append(_html_table(CLAIM_COLUMNS, _claim_rows(s.claims), status_column=len(CLAIM_COLUMNS) - 1))
+        out.append(
+            _html_table(CLAIM_COLUMNS, _claim_rows(s.claims), status_column=CLAIM_COLUMNS.index("status"))
+        )
         out.append("<h3>Tables</h3>")
         for t in s.tables:
             out.append(f"<h4>{e(t.title)}</h4>")

@@ -1,10 +1,11 @@
-"""How the report names and colours things: conditions, benchmarks, metrics (the note's conventions)."""
+"""How the report names, colours and prints things: conditions, benchmarks, numbers, intervals."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
-from commrl.rl.config import CONDITIONS
+from commrl.report.stats import Interval
 
 CONDITION_COLOURS: dict[str, str] = {
     "dense": "#2ca02c",  # green
@@ -24,7 +25,16 @@ FALLBACK_COLOURS: tuple[str, ...] = (
     "#637939",
     "#843c39",
 )
-CONDITION_ORDER: tuple[str, ...] = CONDITIONS  # the drivers' conditions, in the note's order
+CONDITION_ORDER: tuple[str, ...] = (  # display order (the note's); conditions live in configs/condition/
+    "dense",
+    "method",
+    "no_projection",
+    "anchor_off",
+    "anchor_only",
+    "prf_mask",
+    "dropout",
+    "method_same_sampler",
+)
 
 BENCHMARK_NAMES: dict[str, str] = {
     "commrl_math500": "MATH500",
@@ -68,3 +78,32 @@ def order_benchmarks(names: Iterable[str]) -> list[str]:
     names = set(names)
     known = [b for b in BENCHMARK_NAMES if b in names]
     return known + sorted(names - set(known))
+
+
+def format_number(value: float, spec: str = ".4g") -> str:
+    """NaN -> ``n/a``; large integral values (bytes) with thousands separators; others with ``spec``."""
+    if math.isnan(value):
+        return "n/a"
+    if math.isfinite(value) and float(value).is_integer() and abs(value) >= 1e4:
+        return f"{int(value):,}"
+    return f"{value:{spec}}"
+
+
+def seeds_text(interval: Interval) -> str:
+    """``(n=3)``; ``(n=3 vs 2)`` for two unpaired conditions."""
+    return f"(n={' vs '.join(str(k) for k in interval.sizes)})"
+
+
+def format_interval(interval: Interval, spec: str = ".4g") -> str:
+    """``0.654 ± 0.021 (n=3)`` (symmetric), ``0.654 [0.61, 0.68] (n=25)`` (asymmetric), ``0.654 (n=1)``;
+    with a percent ``spec`` (``.1%``) the half-width and bounds are percents too (``74.3% ± 2.1%``)."""
+    estimate = format_number(interval.estimate, spec)
+    if interval.low is None or interval.high is None:
+        return f"{estimate} {seeds_text(interval)}"
+
+    def spread(value: float, digits: int) -> str:
+        return f"{value * 100:.{digits}g}%" if spec.endswith("%") else format_number(value, f".{digits}g")
+
+    if interval.symmetric:
+        return f"{estimate} ± {spread(interval.half_width, 2)} {seeds_text(interval)}"
+    return f"{estimate} [{spread(interval.low, 3)}, {spread(interval.high, 3)}] {seeds_text(interval)}"

@@ -1,22 +1,23 @@
-"""The report's tables, one function per table, values taken from the per-condition curves and eval runs.
+"""The report's tables, one function per table, values read per seed from the runs and eval runs.
 
-A table is columns plus rows of raw cells (``float``, ``int``, ``str`` or ``None`` for "not logged");
-formatting is the renderer's job, so ``tables.json`` keeps the exact values.
+A table is columns plus rows of raw cells: ``Interval`` for a value from stochastic runs (the seed mean and
+its 95% interval, ``commrl.report.stats``), ``float``, ``int``, ``str`` or ``None`` for "not logged".
+Formatting is the renderer's job (``0.654 ± 0.021 (n=3)``), so ``tables.json`` keeps the exact values: an
+interval cell is ``{"mean", "low", "high", "n", "method"}`` (low and high null with one seed).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
 from commrl.report import curves as cv
-from commrl.report.runs import SWEEP_PARAMS, PairRuns, Sweep
+from commrl.report.runs import SWEEP_PARAMS, PairRuns, Series, Sweep
+from commrl.report.stats import Interval, mean_interval, ratio_interval
 from commrl.report.style import benchmark_label, order_benchmarks, order_conditions
 
-Cell = float | int | str | None
+Cell = Interval | float | int | str | None
 KL_TICKS: tuple[int, ...] = (50, 100, 150)
 MISMATCH_METRICS: dict[str, str] = {
     "mismatch/logprob_corr": "log-prob corr",
@@ -25,6 +26,13 @@ MISMATCH_METRICS: dict[str, str] = {
     "mismatch/async_clip_frac_5x": "async clip 5x",
 }
 FINISHED_TRIAL_STATES = ("COMPLETE", "FINISHED")
+
+
+def cell_json(cell: Cell) -> Cell | dict:
+    """A cell as ``tables.json`` keeps it: an interval as ``{"mean", "low", "high", "n", "method"}``."""
+    if isinstance(cell, Interval):
+        return {"mean": cell.estimate, "low": cell.low, "high": cell.high, "n": cell.n, "method": cell.method}
+    return cell
 
 
 @dataclass
@@ -36,7 +44,8 @@ class Table:
     note: str | None = None
 
     def as_dict(self) -> dict:
-        return {"title": self.title, "columns": self.columns, "rows": self.rows, "note": self.note}
+        rows = [[cell_json(c) for c in row] for row in self.rows]
+        return {"title": self.title, "columns": self.columns, "rows": rows, "note": self.note}
 
 
 def _conditions(runs: PairRuns) -> list[str]:
@@ -48,11 +57,39 @@ def _empty(key: str, title: str, columns: list[str], what: str, runs: PairRuns) 
     return Table(key, title, columns, [], note)
 
 
-def final_scores(runs: PairRuns) -> Table:
-    """Score at the read tick (the last logged tick not after ``read_at``; the last tick without one).
+def _interval(values: Iterable[float]) -> Interval | None:
+    """The seed mean and its interval; None without values."""
+    values = list(values)
+    return mean_interval(values) if values else None
 
-    ``gain = score(read) - start``, start the mean of the first three logged ticks; ``ticks asked`` is the
-    largest ``ticks`` tag of the condition's runs, ``last tick`` the last tick any of them logged.
+
+def _tick(ticks: Iterable[int]) -> int | str | None:
+    """The tick the seeds were read at: ``40``, or ``38-40`` when they differ; None without seeds."""
+    ticks = sorted(set(ticks))
+    if not ticks:
+        return None
+    return ticks[0] if len(ticks) == 1 else f"{ticks[0]}-{ticks[-1]}"
+
+
+def _split(found: Mapping[str, tuple[int, float]]) -> tuple[dict[str, int], dict[str, float]]:
+    """``seed -> (tick, value)`` into ``seed -> tick`` and ``seed -> value``."""
+    return {k: t for k, (t, _) in found.items()}, {k: v for k, (_, v) in found.items()}
+
+
+def _at_last_common_tick(series: Mapping[str, Series]) -> tuple[int | None, Interval | None]:
+    """The last tick every seed logged and the interval of the values there."""
+    tick = cv.last_common_tick(list(series.values()))
+    if tick is None:
+        return None, None
+    return tick, _interval(cv.per_seed(series, lambda s: cv.exact_at(s, tick)).values())
+
+
+def final_scores(runs: PairRuns) -> Table:
+    """Score at the read tick (per seed, its last logged tick not after ``read_at``; the last tick without).
+
+    ``gain = score(read) - start`` per seed, start the mean of the seed's first three logged ticks;
+    ``ticks asked`` is the largest ``ticks`` tag of the condition's runs, ``last tick`` the last tick any of
+    them logged.
     """
     columns = [
         "condition",
@@ -64,15 +101,28 @@ def final_scores(runs: PairRuns) -> Table:
         "score",
         "gain",
     ]
-    found = cv.curves(runs, "score/mean", _conditions(runs))
     rows: list[list[Cell]] = []
-    for condition, curve in found.items():
+    for condition in _conditions(runs):
+        series = cv.seed_series(runs, condition, "score/mean")
+        if not series:
+            continue
         asked = [r.ticks for r in runs.runs_of(condition) if r.ticks is not None]
-        start = cv.start_mean(curve)
-        tick, score = cv.value_at(curve, runs.read_at()) or (None, None)
-        gain = None if score is None else score - start
-        last = int(curve.steps[-1])
-        rows.append([condition, curve.seeds, max(asked, default=None), last, start, tick, score, gain])
+        start = cv.per_seed(series, cv.start_mean)
+        ticks, score = _split(cv.per_seed(series, lambda s: cv.value_at(s, runs.read_at())))
+        gain = [score[k] - start[k] for k in score if k in start]
+        last = max(int(s.steps[-1]) for s in series.values())
+        rows.append(
+            [
+                condition,
+                len(series),
+                max(asked, default=None),
+                last,
+                _interval(start.values()),
+                _tick(ticks.values()),
+                _interval(score.values()),
+                _interval(gain),
+            ]
+        )
     return (
         Table("final_scores", "Final scores", columns, rows)
         if rows
@@ -81,13 +131,27 @@ def final_scores(runs: PairRuns) -> Table:
 
 
 def best_validation(runs: PairRuns) -> Table:
-    """Base (first read), best, tick of the best, and the value at the read tick of ``val/acc``."""
+    """Per seed: base (first read), best, tick of the best and the value at the read tick of ``val/acc``."""
     columns = ["condition", "seeds", "base", "best", "best tick", "read tick", "at read tick"]
     rows: list[list[Cell]] = []
-    for condition, curve in cv.curves(runs, "val/acc", _conditions(runs)).items():
-        best_tick, best_value = cv.best(curve) or (None, None)
-        tick, value = cv.value_at(curve, runs.read_at()) or (None, None)
-        rows.append([condition, curve.seeds, float(curve.mean[0]), best_value, best_tick, tick, value])
+    for condition in _conditions(runs):
+        series = cv.seed_series(runs, condition, "val/acc")
+        if not series:
+            continue
+        base = cv.per_seed(series, lambda s: float(s.values[0]))
+        best_tick, best = _split(cv.per_seed(series, cv.best))
+        ticks, value = _split(cv.per_seed(series, lambda s: cv.value_at(s, runs.read_at())))
+        rows.append(
+            [
+                condition,
+                len(series),
+                _interval(base.values()),
+                _interval(best.values()),
+                _interval(best_tick.values()),
+                _tick(ticks.values()),
+                _interval(value.values()),
+            ]
+        )
     return (
         Table("best_validation", "Best validation accuracy", columns, rows)
         if rows
@@ -95,13 +159,18 @@ def best_validation(runs: PairRuns) -> Table:
     )
 
 
-def kl_table(runs: PairRuns, ticks: Sequence[int] = KL_TICKS) -> Table:
-    """``actor/kl_loss`` (nats) at exactly the given ticks (None where not logged) and at the last tick."""
+def kl_table(runs: PairRuns, ticks: Iterable[int] = KL_TICKS) -> Table:
+    """``actor/kl_loss`` (nats) at exactly the given ticks (over the seeds that logged each; None where none
+    did) and at the last tick every seed logged."""
+    ticks = tuple(ticks)
     columns = ["condition", "seeds", *(f"KL @ {t}" for t in ticks), "last tick", "KL @ last"]
     rows: list[list[Cell]] = []
-    for condition, curve in cv.curves(runs, "actor/kl_loss", _conditions(runs)).items():
-        last_tick, last = cv.value_at(curve, None) or (None, None)
-        rows.append([condition, curve.seeds, *(cv.exact_at(curve, t) for t in ticks), last_tick, last])
+    for condition in _conditions(runs):
+        series = cv.seed_series(runs, condition, "actor/kl_loss")
+        if not series:
+            continue
+        at = [_interval(cv.per_seed(series, lambda s, t=t: cv.exact_at(s, t)).values()) for t in ticks]
+        rows.append([condition, len(series), *at, *_at_last_common_tick(series)])
     return (
         Table("kl", "KL to the reference policy (nats)", columns, rows)
         if rows
@@ -110,15 +179,15 @@ def kl_table(runs: PairRuns, ticks: Sequence[int] = KL_TICKS) -> Table:
 
 
 def mismatch_table(runs: PairRuns) -> Table:
-    """Mean over ticks of each sampler/trainer mismatch statistic (method.md §4)."""
+    """Per seed the mean over ticks of each sampler/trainer mismatch statistic (method.md §4)."""
     columns = ["condition", "seeds", *MISMATCH_METRICS.values()]
     rows: list[list[Cell]] = []
     for condition in _conditions(runs):
-        found = {m: cv.condition_curve(runs, condition, m) for m in MISMATCH_METRICS}
-        if all(c is None for c in found.values()):
+        found = {m: cv.seed_series(runs, condition, m) for m in MISMATCH_METRICS}
+        if not any(found.values()):
             continue
-        seeds = max(c.seeds for c in found.values() if c is not None)
-        means = [None if c is None else cv.mean_over_ticks(c) for c in found.values()]
+        seeds = max(len(s) for s in found.values())
+        means = [_interval(cv.per_seed(s, cv.mean_over_ticks).values()) for s in found.values()]
         rows.append([condition, seeds, *means])
     title = "Mismatch statistics (mean over ticks)"
     return (
@@ -129,10 +198,9 @@ def mismatch_table(runs: PairRuns) -> Table:
 
 
 def bytes_table(runs: PairRuns) -> Table:
-    """Mean ``comm/ratio_vs_dense``; cumulative bytes at the last tick and relative to dense's cumulative.
-
-    ``cumulative / dense = B_c(t) / B_dense(t)`` at ``t`` the last tick both logged.
-    """
+    """Per seed the mean ``comm/ratio_vs_dense``; cumulative bytes at the last tick every seed logged; and
+    cumulative relative to dense, the ratio of seed means ``mean_s B_c(t) / mean_s B_dense(t)`` at ``t`` the
+    last tick every seed of both logged (``stats.ratio_interval``, paired by seed when the seeds match)."""
     columns = [
         "condition",
         "seeds",
@@ -141,31 +209,43 @@ def bytes_table(runs: PairRuns) -> Table:
         "cumulative bytes",
         "cumulative / dense",
     ]
-    conditions = _conditions(runs)
-    ratio = cv.curves(runs, "comm/ratio_vs_dense", conditions)
-    cumulative = cv.curves(runs, "comm/bytes_cumulative", conditions)
-    dense = cumulative.get("dense")
+    dense = cv.seed_series(runs, "dense", "comm/bytes_cumulative")
     rows: list[list[Cell]] = []
-    for condition in conditions:
-        r, c = ratio.get(condition), cumulative.get(condition)
-        if r is None and c is None:
+    for condition in _conditions(runs):
+        ratio = cv.seed_series(runs, condition, "comm/ratio_vs_dense")
+        cumulative = cv.seed_series(runs, condition, "comm/bytes_cumulative")
+        if not ratio and not cumulative:
             continue
-        last_tick, last = (cv.value_at(c, None) or (None, None)) if c is not None else (None, None)
-        relative = None
-        if c is not None and dense is not None:
-            tick = cv.last_common_tick(c, dense)
-            denominator = None if tick is None else cv.exact_at(dense, tick)
-            if denominator:
-                relative = cv.exact_at(c, tick) / denominator
-        seeds = (r or c).seeds
-        mean_ratio = None if r is None else cv.mean_over_ticks(r)
-        rows.append([condition, seeds, mean_ratio, last_tick, last, relative])
+        last_tick, last = _at_last_common_tick(cumulative) if cumulative else (None, None)
+        rows.append(
+            [
+                condition,
+                max(len(ratio), len(cumulative)),
+                _interval(cv.per_seed(ratio, cv.mean_over_ticks).values()),
+                last_tick,
+                last,
+                _relative(cumulative, dense),
+            ]
+        )
     title = "Bytes on the wire relative to dense"
     return (
         Table("bytes", title, columns, rows)
         if rows
         else _empty("bytes", title, columns, "comm/* metrics", runs)
     )
+
+
+def _relative(cumulative: Mapping[str, Series], dense: Mapping[str, Series]) -> Interval | None:
+    """``mean_s B_c(t) / mean_s B_dense(t)`` at the last tick every seed of both logged; None when there is
+    no such tick or dense sent nothing."""
+    if not cumulative or not dense:
+        return None
+    tick = cv.last_common_tick([*cumulative.values(), *dense.values()])
+    if tick is None:
+        return None
+    here = cv.per_seed(cumulative, lambda s: cv.exact_at(s, tick))
+    there = cv.per_seed(dense, lambda s: cv.exact_at(s, tick))
+    return ratio_interval(here, there) if any(there.values()) else None
 
 
 def eval_scores(runs: PairRuns, metric: str = "acc") -> dict[str, dict[str, list[float]]]:
@@ -179,13 +259,14 @@ def eval_scores(runs: PairRuns, metric: str = "acc") -> dict[str, dict[str, list
 
 
 def benchmark_table(runs: PairRuns) -> Table:
-    """Per-benchmark ``acc`` (and ``pass_at_8`` where logged), mean over seeds, one column per condition."""
+    """Per-benchmark ``acc`` (and ``pass_at_8`` where logged): the seed mean and its interval, one column per
+    condition."""
     by_metric = {m: eval_scores(runs, m) for m in ("acc", "pass_at_8")}
     conditions = order_conditions({c for s in by_metric.values() for per in s.values() for c in per})
     rows: list[list[Cell]] = []
     for metric, scores in by_metric.items():
         for benchmark, per in scores.items():
-            cells = [float(np.mean(per[c])) if c in per else None for c in conditions]
+            cells = [_interval(per[c]) if c in per else None for c in conditions]
             rows.append([benchmark_label(benchmark), benchmark, metric, *cells])
     columns = ["benchmark", "task", "metric", *conditions]
     title = "Accuracy per benchmark"

@@ -1,21 +1,22 @@
 """The configuration of one local training run, validated before any model loads.
 
-The Hydra tree in ``configs/train/`` composes into a plain mapping; ``TrainConfig.from_dict`` turns it into
-these dataclasses, rejecting unknown keys by name and values out of range with the field, the value and
-the allowed range (``ConfigError``). The method's own knobs go to ``commrl.compression.MethodConfig``.
+The Hydra tree in ``configs/train/`` (with the conditions of ``configs/condition/``, shared with the cluster
+driver) composes into a plain mapping; ``TrainConfig.from_dict`` turns it into these dataclasses, rejecting
+unknown keys by name and values out of range with the field, the value and the allowed range
+(``ConfigError``). The method's own knobs go to ``commrl.compression.MethodConfig``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from commrl import config_tree
+
 SCHEMA_NAME = "commrl_train_schema"  # the structured schema the Hydra tree starts from (configs/train)
-CONDITIONS = ("dense", "method", "no_projection", "anchor_off", "prf_mask", "dropout", "method_same_sampler")
 
 
 class ConfigError(ValueError):
@@ -146,6 +147,7 @@ class TrackingConfig:
 class TrainConfig:
     pair: str = "tiny"
     condition: str = "method"
+    unsupported_drivers: dict[str, str] = field(default_factory=dict)  # driver -> why (configs/condition/)
     seed: int = 0
     out_dir: str = "results/runs/tiny/method/seed0"
     threads: int = 0  # torch intra-op threads; 0 = leave as is
@@ -168,7 +170,10 @@ class TrainConfig:
     def validate(self) -> None:
         if not self.pair:
             raise ConfigError("pair is empty; set pair=<name> (e.g. pair=tiny)")
-        _choice("condition", self.condition, CONDITIONS)
+        try:
+            config_tree.check_driver(self.condition, self.unsupported_drivers, "local")
+        except config_tree.ConfigTreeError as err:
+            raise ConfigError(str(err)) from None
         for part in (self.model, self.data, self.sampler, self.rl, self.checkpoint, self.health):
             part.validate()
         self.method_config()
@@ -264,18 +269,18 @@ def _choice(name: str, value: str, allowed: Sequence[str]) -> None:
 
 def default_config_dir() -> Path:
     """``$COMMRL_TRAIN_CONFIGS``, else ``configs/train`` under the working directory or the repository."""
-    env = os.environ.get("COMMRL_TRAIN_CONFIGS")
-    if env:
-        return Path(env).resolve()
-    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
-        candidate = root / "configs" / "train"
-        if candidate.is_dir():
-            return candidate.resolve()
-    raise ConfigError("cannot find configs/train; run from the repository root or set COMMRL_TRAIN_CONFIGS")
+    try:
+        return config_tree.tree_dir("train")
+    except config_tree.ConfigTreeError as err:
+        raise ConfigError(str(err)) from None
 
 
 def compose_train_config(overrides: Sequence[str] = (), config_dir: Path | None = None) -> dict[str, Any]:
-    """Compose ``configs/train/config.yaml`` with Hydra overrides into a plain resolved mapping."""
+    """Compose ``configs/train/config.yaml`` with Hydra overrides into a plain resolved mapping.
+
+    The ``condition`` group is ``configs/condition/`` beside the tree (``config_tree``); an unknown
+    condition fails naming the known ones.
+    """
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
@@ -284,9 +289,16 @@ def compose_train_config(overrides: Sequence[str] = (), config_dir: Path | None 
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
     directory = (config_dir or default_config_dir()).resolve()
+    condition = config_tree.override_value(overrides, "condition")
+    if condition is not None:
+        try:
+            config_tree.check_condition_name(condition, directory, "local")
+        except config_tree.ConfigTreeError as err:
+            raise ConfigError(str(err)) from None
+    search = config_tree.searchpath_override(directory)
     try:
         with initialize_config_dir(config_dir=str(directory), version_base="1.3", job_name="commrl_train"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name="config", overrides=[search, *overrides])
         return OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"cannot compose the training config from {directory}: {err}") from err

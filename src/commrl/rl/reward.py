@@ -3,31 +3,146 @@
 math-verify alone is lenient (it falls back to the last number of any text), so the answer is required
 in ``\\boxed{}``: a response without a complete box scores 0. ``compute_score`` has verl's custom reward
 signature, so the cluster driver uses the same function (``reward.custom_reward_function``).
+
+math-verify bounds its parsing and comparison with ``signal.alarm``, which only the main thread may use;
+verl calls the reward from its executor threads. Off the main thread, ``verify_answer`` therefore hands the
+pair to a verifier child process (``serve_verifier``: math-verify in that process's main thread, with its
+timeouts), and kills and replaces the child when it does not answer within a hard deadline.
 """
 
 from __future__ import annotations
 
+import json
+import queue
 import re
+import select
+import subprocess
+import sys
 import threading
 from typing import Any
 
 from commrl.data.boxed import last_boxed
 
 _INTEGER = re.compile(r"[+-]?\d+")
+VERIFY_TIMEOUT_S = 5  # math-verify's own timeout of each parse and of the comparison (whole seconds)
+STARTUP_TIMEOUT_S = 120.0  # a verifier child's start (imports math-verify and sympy)
+VERIFIERS = 4  # verifier children a process runs at most (one call each at a time)
+_READY = "ready"
 
 
-def verify_answer(ground_truth: str, answer: str) -> bool:
-    """math-verify equivalence of two answers written as LaTeX (``verify(gold, pred)``; order matters)."""
+def _math_verify(ground_truth: str, answer: str, timeout_s: int) -> bool:
+    """math-verify in this thread (the main thread: ``timeout_s`` > 0 uses ``signal.alarm``)."""
     from math_verify import parse, verify
 
-    in_main = threading.current_thread() is threading.main_thread()
-    timeout = 5 if in_main else None  # math-verify's timeouts use signal.alarm: main thread only
     try:
-        gold = parse(f"${ground_truth}$", parsing_timeout=timeout)
-        pred = parse(f"${answer}$", parsing_timeout=timeout)
-        return bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=timeout))
+        gold = parse(f"${ground_truth}$", parsing_timeout=timeout_s)
+        pred = parse(f"${answer}$", parsing_timeout=timeout_s)
+        return bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=timeout_s))
     except Exception:
         return False
+
+
+def hard_deadline(timeout_s: int) -> float:
+    """Seconds a verifier child gets for one pair: its two parses and the comparison, plus a margin."""
+    return 3.0 * timeout_s + 2.0
+
+
+def verify_answer(ground_truth: str, answer: str, timeout_s: int = VERIFY_TIMEOUT_S) -> bool:
+    """math-verify equivalence of two answers written as LaTeX (``verify(gold, pred)``; order matters).
+
+    Bounded in any thread: math-verify's own timeouts in the main thread, a verifier child process with a
+    hard deadline (``hard_deadline(timeout_s)``) elsewhere. A timeout scores False.
+    """
+    if threading.current_thread() is threading.main_thread():
+        return _math_verify(ground_truth, answer, timeout_s)
+    return _POOL.verify(ground_truth, answer, timeout_s, hard_deadline(timeout_s))
+
+
+def serve_verifier() -> None:
+    """A verifier child's loop: ``[ground_truth, answer, timeout_s]`` per stdin line -> ``true|false`` per
+    stdout line; ends when stdin closes (the parent exited). Anything else printed goes to stderr."""
+    protocol, sys.stdout = sys.stdout, sys.stderr
+    import math_verify  # noqa: F401  (imported before the child reports ready)
+
+    protocol.write(_READY + "\n")
+    protocol.flush()
+    for line in sys.stdin:
+        ground_truth, answer, timeout_s = json.loads(line)
+        protocol.write(json.dumps(_math_verify(ground_truth, answer, int(timeout_s))) + "\n")
+        protocol.flush()
+
+
+class VerifierProcess:
+    """One verifier child (``python -c 'serve_verifier()'``), started on first use and after a kill."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def verify(self, ground_truth: str, answer: str, timeout_s: int, deadline_s: float) -> bool:
+        """The child's verdict, or False when it gives none within ``deadline_s`` (the child is killed)."""
+        proc = self._running()
+        try:
+            proc.stdin.write(json.dumps([ground_truth, answer, timeout_s]) + "\n")
+            proc.stdin.flush()
+            line = self._read_line(deadline_s)
+        except BrokenPipeError:  # the child died (killed from outside, out of memory)
+            line = None
+        if line is None:
+            self.kill()
+            return False
+        return bool(json.loads(line))
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def _running(self) -> subprocess.Popen:
+        if self.proc is not None and self.proc.poll() is None:
+            return self.proc
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from commrl.rl.reward import serve_verifier; serve_verifier()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self._read_line(STARTUP_TIMEOUT_S) != _READY:
+            self.kill()
+            raise RuntimeError(
+                f"the math-verify child process ({sys.executable} -c 'from commrl.rl.reward import "
+                f"serve_verifier; ...') did not start within {STARTUP_TIMEOUT_S:.0f} s; check that commrl "
+                "and math-verify import in this environment (its stderr is this process's)"
+            )
+        return self.proc
+
+    def _read_line(self, timeout_s: float) -> str | None:
+        """The child's next stdout line, or None on a timeout or when it exited."""
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not ready:
+            return None
+        line = self.proc.stdout.readline()
+        return line.strip() if line else None
+
+
+class VerifierPool:
+    """Up to ``size`` verifier children shared by the calling threads; a call waits for a free one."""
+
+    def __init__(self, size: int = VERIFIERS) -> None:
+        self._free: queue.Queue[VerifierProcess] = queue.Queue()
+        for _ in range(size):
+            self._free.put(VerifierProcess())
+
+    def verify(self, ground_truth: str, answer: str, timeout_s: int, deadline_s: float) -> bool:
+        verifier = self._free.get()
+        try:
+            return verifier.verify(ground_truth, answer, timeout_s, deadline_s)
+        finally:
+            self._free.put(verifier)
+
+
+_POOL = VerifierPool()
 
 
 def boxed_reward(response: str, ground_truth: str) -> float:

@@ -17,12 +17,13 @@ kill resumes into the same MLflow run with exactly one value per tick.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,51 +43,14 @@ from commrl.rl.mismatch import mismatch_metrics
 from commrl.rl.packing import use_shared_prefix_attention
 from commrl.rl.reward import boxed_reward
 from commrl.rl.sampler import HFSampler, Sampler, SamplerCodec, VLLMSampler
+from commrl.rl.timing import PhaseTimer
+from commrl.run import record
+from commrl.run.hooks import StopTraining, TrainCallbacks
+from commrl.run.record import RunSpec
+from commrl.run.summary import FINAL_DIR, RunSummary, read_point, read_point_dir_name
 from commrl.staging import staged_dir
 
 SENTINEL_METRIC = "time/step_s"  # logged every tick: the newest step in MLflow is its newest step
-
-
-class StopTraining(Exception):
-    """Raised by a callback (e.g. an Optuna pruner) to end the run early.
-
-    The trainer checkpoints, ends the MLflow run FINISHED with the tag ``stopped_early`` and returns a
-    ``TrainResult`` whose ``stopped_early`` holds the reason.
-    """
-
-
-class TrainCallbacks:
-    """Hooks for code that drives training (the sweep): may raise ``StopTraining``."""
-
-    def on_tick(self, step: int, metrics: dict[str, float]) -> None:
-        """After every tick, with that tick's metrics."""
-
-    def on_validation(self, step: int, accuracy: float) -> None:
-        """After every validation (step = updates applied so far)."""
-
-
-@dataclass
-class RunSpec:
-    """Where the MLflow run goes: its kind, a parent run (sweeps) and extra tags."""
-
-    kind: str = "train"
-    parent_run_id: str | None = None
-    run_name: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class TrainResult:
-    ticks_asked: int
-    ticks_trained: int
-    mlflow_run_id: str | None
-    final_dir: str | None
-    val_acc: dict[int, float]
-    stopped_early: str | None = None
-
-    @property
-    def complete(self) -> bool:
-        return self.ticks_trained >= self.ticks_asked
 
 
 @dataclass
@@ -149,10 +113,19 @@ class LocalTrainer:
         self.val_acc: dict[int, float] = {}
         self.run_id: str | None = None
         self.monitor = CollapseMonitor(cfg.health)
+        self.timer = PhaseTimer()
         self._step = 0
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
+        with self.timer.phase("setup_models"):
+            self._build_models()
+        with self.timer.phase("setup_sampler"):
+            self.sampler = self._build_sampler()
+        use_shared_prefix_attention(self.model)  # after the HF sampler copied the model: it generates on sdpa
+        use_shared_prefix_attention(self.ref)
+
+    def _build_models(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from commrl.compression import TwoCircuitController
@@ -199,12 +172,9 @@ class LocalTrainer:
         self.per_mini = per_mini
         self.actor_cfg = grpo.actor_config(cfg.rl, per_mini)
         self.sampler_codec = SamplerCodec() if cfg.sampler.codec == "same" else None
-        self.sampler = self._build_sampler()
         self.forward_is_deterministic = cfg.model.attention_dropout == 0 and not any(
             isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules()
         )
-        use_shared_prefix_attention(self.model)  # after the HF sampler copied the model: it generates on sdpa
-        use_shared_prefix_attention(self.ref)
 
     def _build_sampler(self) -> Sampler:
         cfg = self.cfg
@@ -231,53 +201,31 @@ class LocalTrainer:
         )
 
     # ------------------------------------------------------------------ tracking
+    def _identity(self) -> record.RunIdentity:
+        cfg = self.cfg
+        return record.RunIdentity(
+            cfg.pair, cfg.condition, cfg.seed, self.method.codec, "local", cfg.rl.ticks, cfg.rl.read_at
+        )
+
     def _start_tracking(self, resumed_run_id: str | None) -> None:
+        """Open (or reopen) the run's MLflow run; log the config (new keys; changed ones are recorded)."""
         if not self.cfg.tracking.enabled:
             return
-        import mlflow
-
-        uri = self.cfg.tracking.uri or tracking.default_tracking_uri()
-        self.tracking_uri = uri
-        client = tracking.client(uri)
-        run_file = self.out / "mlflow_run_id"
-        run_id = resumed_run_id or (run_file.read_text().strip() if run_file.is_file() else None)
-        if run_id:
-            try:
-                client.get_run(run_id)
-                client.update_run(run_id, status="RUNNING")
-                self.run_id = run_id
-                return
-            except mlflow.exceptions.MlflowException:
-                run_id = None
-        exp_id = tracking.ensure_experiment(tracking.experiment_name(self.cfg.pair), uri, client)
-        tags = {
-            "pair": self.cfg.pair,
-            "condition": self.cfg.condition,
-            "codec": self.method.codec,
-            "seed": str(self.cfg.seed),
-            "git_commit": tracking.git_commit(),
-            "driver": "local",
-            "kind": self.run.kind,
-            "read_at": str(self.cfg.rl.read_at),
-            "ticks": str(self.cfg.rl.ticks),
-            **self.run.tags,
-        }
-        if self.run.parent_run_id:
-            tags["mlflow.parentRunId"] = self.run.parent_run_id
-        name = self.run.run_name or tracking.training_run_name(
-            self.cfg.pair, self.cfg.condition, self.cfg.seed
+        self.tracking_uri = self.cfg.tracking.uri or tracking.default_tracking_uri()
+        self.run_id, _ = record.open_run(
+            self._identity(), self.out, self.tracking_uri, self.run, resumed_run_id
         )
-        run = client.create_run(exp_id, run_name=name, tags=tags)
-        self.run_id = run.info.run_id
-        self.out.mkdir(parents=True, exist_ok=True)
-        run_file.write_text(self.run_id + "\n")
         params = self.cfg.to_dict()
-        params["method_resolved"] = {k: v for k, v in vars(self.method).items()}
-        tracking.log_params(self.run_id, params, uri)
-        client.log_dict(self.run_id, self.cfg.to_dict(), "config/resolved.yaml")
+        params["method_resolved"] = dict(vars(self.method))
+        record.log_config(self.run_id, params, self.tracking_uri)
+        record.log_resolved_config(self.run_id, self.cfg.to_dict(), self.tracking_uri)
 
     def _flush_metrics(self) -> None:
         """Send pending ticks to MLflow, skipping any the store already has (idempotent after a kill)."""
+        with self.timer.phase("tracking"):
+            self._send_pending()
+
+    def _send_pending(self) -> None:
         fresh = [(s, m) for s, m in self.pending if s > self._last_logged_step()]
         if self.run_id and fresh:
             logger = tracking.MetricLogger(self.run_id, self.tracking_uri, flush_every=10**9)
@@ -331,7 +279,8 @@ class LocalTrainer:
         return int(state["tick"])
 
     def _checkpoint(self, tick: int) -> None:
-        self.store.save(tick, self._state(tick))
+        with self.timer.phase("checkpoint"):
+            self.store.save(tick, self._state(tick))
         self._flush_metrics()
 
     # ------------------------------------------------------------------ one tick
@@ -374,8 +323,12 @@ class LocalTrainer:
                 parts.append(response_log_probs(model, pack, mb.responses, self.cfg.sampler.temperature))
         return torch.cat(parts)
 
-    def _dense_replay(self, batch, adv, ref_dense, metrics_out: dict) -> Callable[[], None]:
-        """The anchor's replay: dense forward+backward of the GRPO loss over the whole batch, ratio one."""
+    def _dense_replay(
+        self, batch, adv, ref_dense, metrics_out: dict | None, through_codec: bool = False
+    ) -> Callable[[], None]:
+        """The anchor's replay: forward+backward of the GRPO loss over the whole batch, ratio one; dense (the
+        controller sketches it), or ``through_codec`` with micro-batch ``j`` in ``compressed(j)`` as on a
+        fast tick (the fire's ``codec_replay``, for ``anchor/grad_cosine_*``: same loss, same weights)."""
 
         def replay() -> None:
             self.model.train()
@@ -384,15 +337,23 @@ class LocalTrainer:
             acc: dict[str, list[float]] = {}
             for mb_id, mb in micro_batches(batch, self.micro):
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
-                lp = response_log_probs(self.model, mb.pack(), mb.responses, self.cfg.sampler.temperature)
-                loss, m = grpo.grpo_loss(
-                    self.actor_cfg, lp, lp.detach(), ref_dense[rows], adv[rows], mb.response_mask
+                pack = mb.pack()
+                session = (
+                    self.ctrl.compressed(microbatch_id=mb_id, token_mask=pack.token_mask)
+                    if through_codec
+                    else contextlib.nullcontext()
                 )
-                check_finite(float(loss.detach()), self._step)
-                loss.backward()
+                with session:
+                    lp = response_log_probs(self.model, pack, mb.responses, self.cfg.sampler.temperature)
+                    loss, m = grpo.grpo_loss(
+                        self.actor_cfg, lp, lp.detach(), ref_dense[rows], adv[rows], mb.response_mask
+                    )
+                    check_finite(float(loss.detach()), self._step)
+                    loss.backward()
                 for k, v in m.items():
                     acc.setdefault(k, []).append(v)
-            metrics_out.update({k: float(np.mean(v)) for k, v in acc.items()})
+            if metrics_out is not None:
+                metrics_out.update({k: float(np.mean(v)) for k, v in acc.items()})
 
         return replay
 
@@ -422,7 +383,8 @@ class LocalTrainer:
             self.ctrl.compress_gradients()
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.rl.grad_clip)
             acc.setdefault("actor/grad_norm", []).append(float(norm))
-            self.optimizer.step()
+            if self.ctrl.is_update_tick():  # method.fast_step=false: no optimizer step between fires
+                self.optimizer.step()
         return {k: float(np.mean(v)) for k, v in acc.items()}
 
     def _tick(self, tick: int) -> dict[str, float]:
@@ -433,9 +395,11 @@ class LocalTrainer:
         adv = grpo.grpo_advantages(scores, batch.response_mask, batch.uids, cfg.rl.norm_adv_by_std)
         mask = batch.response_mask
         fire = self.ctrl.is_fire_tick()
-        # On a plain fast tick the first mini-batch's training forward is the old-log-prob pass itself (same
+        if self.ctrl.is_calibration_tick():  # anchor off, t = 0: Q first, so that every codec pass uses it
+            self.ctrl.calibrate(lambda: self._log_probs(self.model, batch, "plain"))
+        # On a fast tick the first mini-batch's training forward is the old-log-prob pass itself (same
         # weights, codec and randomness; no dropout), so the old pass skips its rows (verl's on-policy case).
-        reuse = not fire and not self.ctrl.is_calibration_tick() and self.forward_is_deterministic
+        reuse = not fire and self.forward_is_deterministic
         old = self._log_probs(self.model, batch, "compressed", start=self.per_mini if reuse else 0)
         ref_mode = "compressed" if self.method.kl_ref_forward == "codec" else "dense"
         ref = self._log_probs(self.ref, batch, ref_mode)
@@ -458,26 +422,30 @@ class LocalTrainer:
             )
         if fire:
             replay_metrics: dict[str, float] = {}
-            self.ctrl.fire(self._dense_replay(batch, adv, ref_dense, replay_metrics))
+            self.ctrl.fire(
+                self._dense_replay(batch, adv, ref_dense, replay_metrics),
+                self._dense_replay(batch, adv, ref_dense, None, through_codec=True),
+            )
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.rl.grad_clip)
             self.optimizer.step()
             replay_metrics["actor/grad_norm"] = float(norm)
             metrics.update(replay_metrics)
         else:
-            if self.ctrl.is_calibration_tick():
-                self.ctrl.calibrate(lambda: self._log_probs(self.model, batch, "plain"))
             metrics.update(self._fast_update(batch, adv, old, ref, fill_first=reuse))
         grpo.set_global_batch(self.actor_cfg, mask)
         metrics["actor/kl_loss"] = float(grpo.kl_value(self.actor_cfg, old, ref, mask.bool()))
         metrics.update(mismatch_metrics(batch.sampler_log_probs, old, mask))
         metrics.pop("actor/kl_loss_minibatch", None)
-        metrics.update(self.ctrl.end_tick())
+        metrics.update(self.ctrl.end_tick())  # comm/*, and the fire's / calibration's / fast steps' read-outs
         t_train = time.perf_counter() - t0 - t_sample
         self.sampler.push_weights(self.model)
         self._refresh_sampler_codec()
         metrics["time/sample_s"] = t_sample
         metrics["time/train_s"] = t_train
         metrics["time/step_s"] = time.perf_counter() - t0
+        self.timer.add("sample", t_sample)
+        self.timer.add("train", t_train)
+        self.timer.add("push_weights", metrics["time/step_s"] - t_sample - t_train)
         return metrics
 
     def _refresh_sampler_codec(self) -> None:
@@ -486,6 +454,10 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ validation
     def _validate(self, step: int) -> float:
+        with self.timer.phase("validate"):
+            return self._greedy_accuracy(step)
+
+    def _greedy_accuracy(self, step: int) -> float:
         prompts = self.val_set.token_ids
         outs = self.sampler.greedy(prompts, self.cfg.sampler.max_new_tokens)
         texts = self.tokenizer.batch_decode(outs, skip_special_tokens=True)
@@ -496,7 +468,7 @@ class LocalTrainer:
         return acc
 
     # ------------------------------------------------------------------ main loop
-    def train(self) -> TrainResult:
+    def train(self) -> RunSummary:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         self._setup()
@@ -506,7 +478,8 @@ class LocalTrainer:
         if latest is not None:
             start = self._restore(latest[1])
             resumed_run = latest[1].get("run_id")
-        self._start_tracking(resumed_run)
+        with self.timer.phase("tracking"):
+            self._start_tracking(resumed_run)
         self.sampler.push_weights(self.model)
         self._refresh_sampler_codec()
         stopped: str | None = None
@@ -546,7 +519,8 @@ class LocalTrainer:
                 if reasons and cfg.health.stop_on_alarm:
                     raise StopTraining("collapse alarm: " + "; ".join(reasons))
                 if step == cfg.rl.read_at and step < ticks:
-                    self._save_hf(self.out / f"tick{step}")
+                    with self.timer.phase("checkpoint"):
+                        self._save_hf(self.out / read_point_dir_name(step))
                 if step % cfg.checkpoint.every == 0 or step == ticks:
                     self._checkpoint(step)
                 tick = step
@@ -562,14 +536,27 @@ class LocalTrainer:
         finally:
             bar.close()
             self.sampler.close()
-        final_dir = self._save_final()
-        result = TrainResult(ticks, tick, self.run_id, str(final_dir), dict(self.val_acc), stopped)
-        self._write_summary(result)
-        self._finish_run(status, {"stopped_early": stopped} if stopped else {})
-        return result
-
-    def _save_final(self) -> Path:
-        return self._save_hf(self.out / "final")
+        with self.timer.phase("checkpoint"):
+            final = str(self._save_hf(self.out / FINAL_DIR))
+        summary = RunSummary(
+            pair=cfg.pair,
+            condition=cfg.condition,
+            seed=cfg.seed,
+            driver="local",
+            ticks_asked=ticks,
+            ticks_trained=tick,
+            mlflow_run_id=self.run_id,
+            final=final,
+            read_at=cfg.rl.read_at,
+            read=read_point(self.out, cfg.rl.read_at, tick, final),
+            val_acc=dict(self.val_acc),
+            stopped_early=stopped,
+        )
+        with self.timer.phase("tracking"):
+            self._finish_run(status, {"stopped_early": stopped} if stopped else {})
+        summary = dataclasses.replace(summary, time_s=self.timer.as_dict())
+        summary.write(self.out)
+        return summary
 
     def _save_hf(self, target: Path) -> Path:
         """The live (true) weights and the tokenizer as an HF model directory, written atomically."""
@@ -578,49 +565,20 @@ class LocalTrainer:
             self.tokenizer.save_pretrained(stage)
         return target
 
-    def _write_summary(self, result: TrainResult) -> None:
-        summary = {
-            "pair": self.cfg.pair,
-            "condition": self.cfg.condition,
-            "seed": self.cfg.seed,
-            "ticks_asked": result.ticks_asked,
-            "ticks_trained": result.ticks_trained,
-            "complete": result.complete,
-            "stopped_early": result.stopped_early,
-            "mlflow_run_id": result.mlflow_run_id,
-            "final_dir": result.final_dir,
-            "read_at": self.cfg.rl.read_at,
-            "read": self._read_dir(result),
-            "val_acc": {str(k): v for k, v in sorted(result.val_acc.items())},
-        }
-        tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, self.out / "summary.json")
-
-    def _read_dir(self, result: TrainResult) -> str | None:
-        """The model at the read tick: ``tick<read_at>/`` when it came before the last tick, else final."""
-        read_at = self.cfg.rl.read_at
-        if read_at == result.ticks_trained:
-            return result.final_dir
-        exported = self.out / f"tick{read_at}"
-        return str(exported) if read_at < result.ticks_trained and exported.is_dir() else None
-
     def _finish_run(self, status: str, tags: dict[str, str]) -> None:
         if not self.run_id:
             return
-        client = tracking.client(self.tracking_uri)
-        for k, v in tags.items():
-            client.set_tag(self.run_id, k, v)
         if status == "FINISHED":
+            client = tracking.client(self.tracking_uri)
             client.log_dict(self.run_id, self.manifest(), "checkpoints/manifest.json")
             table = self.out / "metrics.jsonl"
             if table.is_file():
                 client.log_artifact(self.run_id, str(table), "metrics")
-        client.set_terminated(self.run_id, status)
+        record.finish_run(self.run_id, status, tags, self.tracking_uri)
 
     def manifest(self) -> dict[str, Any]:
         """What the run wrote: checkpoints kept and the final model's files."""
-        final = self.out / "final"
+        final = self.out / FINAL_DIR
         return {
             "checkpoints": [f"checkpoints/tick_{t:06d}" for t in self.store.ticks()],
             "final": sorted(p.name for p in final.iterdir()) if final.is_dir() else [],
@@ -629,5 +587,5 @@ class LocalTrainer:
 
 def train_from_config(
     cfg: TrainConfig, run: RunSpec | None = None, callbacks: TrainCallbacks | None = None
-) -> TrainResult:
+) -> RunSummary:
     return LocalTrainer(cfg, run, callbacks).train()

@@ -3,21 +3,26 @@
 The objective is fixed: the validation accuracy (``val/acc``) at ``read_at``, maximised; every validation
 before it is an intermediate value for the pruner (step = tick). Unknown keys and bad values raise
 ``SweepConfigError`` naming the field, the value and the fix.
+
+Two kinds of study: a search (``space`` with bounds, ``defaults`` enqueued first, ``n_trials`` picked by
+the sampler, TPE or random) and a grid (``sampler: {name: grid}``, ``grid`` with a list of values per axis,
+every point once: ``n_trials`` is the grid's size; no pruning; an optional ``baseline`` condition trained
+at every (``prompts_per_tick``, ``seed``) of the grid in a companion study, see ``commrl.sweep.grid``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from commrl.sweep.space import SearchSpace, SweepConfigError
+from commrl.sweep.space import RUN_AXES, GridSpace, SearchSpace, SweepConfigError, point_overrides
 
 DRIVERS = ("local", "verl")
-SAMPLERS = ("tpe", "random")
+SAMPLERS = ("tpe", "random", "grid")
 PRUNERS: dict[str, dict[str, tuple[type, float]]] = {
     # name -> {option: (type, smallest allowed value)}
     "none": {},
@@ -25,19 +30,9 @@ PRUNERS: dict[str, dict[str, tuple[type, float]]] = {
     "hyperband": {"min_resource": (int, 1), "max_resource": (int, 1), "reduction_factor": (int, 2)},
     "threshold": {"lower": (float, 0.0), "n_warmup_steps": (int, 0)},
 }
-REQUIRED = (
-    "pair",
-    "condition",
-    "driver",
-    "n_trials",
-    "n_workers",
-    "ticks",
-    "val_every",
-    "read_at",
-    "storage",
-    "space",
-    "defaults",
-)
+REQUIRED = ("pair", "condition", "driver", "n_workers", "ticks", "val_every", "read_at", "storage")
+SEARCH_ONLY = ("n_trials", "space", "defaults")  # required by a search; a grid has none but n_trials
+GRID_ONLY = ("grid", "baseline")  # `grid` is required by a grid study
 # keys of the training config that the sweep sets itself (local driver, cluster driver)
 RESERVED_OVERRIDES = (
     "pair",
@@ -52,7 +47,7 @@ RESERVED_OVERRIDES = (
     "read_at",
     "val_every",
 )
-TOP_KEYS = (*REQUIRED, "seed", "heartbeat", "sampler", "pruner", "train_overrides")
+TOP_KEYS = (*REQUIRED, *SEARCH_ONLY, *GRID_ONLY, "seed", "heartbeat", "sampler", "pruner", "train_overrides")
 
 
 @dataclass(frozen=True)
@@ -115,13 +110,26 @@ class SweepConfig:
     val_every: int
     read_at: int
     storage: StorageSpec
-    space: SearchSpace
-    defaults: dict[str, Any]
+    space: SearchSpace | GridSpace
+    defaults: dict[str, Any]  # empty for a grid
     seed: int = 0
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     sampler: SamplerConfig = SamplerConfig()
     pruner: PrunerConfig = PrunerConfig()
     train_overrides: tuple[str, ...] = ()
+    baseline: str | None = None  # a grid's baseline condition
+
+    @property
+    def is_grid(self) -> bool:
+        return isinstance(self.space, GridSpace)
+
+    def baseline_config(self) -> SweepConfig | None:
+        """The companion grid of ``baseline``: that condition at every (prompts_per_tick, seed) of the grid
+        (the method knobs do not apply to it); None without a baseline."""
+        if self.baseline is None:
+            return None
+        grid = self.space.restrict(RUN_AXES)
+        return replace(self, condition=self.baseline, space=grid, n_trials=grid.size, baseline=None)
 
     @classmethod
     def from_dict(cls, raw: Any) -> SweepConfig:
@@ -130,15 +138,25 @@ class SweepConfig:
         unknown = sorted(set(raw) - set(TOP_KEYS))
         if unknown:
             raise SweepConfigError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_KEYS)}")
-        missing = [k for k in REQUIRED if k not in raw]
+        sampler = _sampler(raw.get("sampler", {}))
+        grid = sampler.name == "grid"
+        missing = [k for k in (*REQUIRED, *(("grid",) if grid else SEARCH_ONLY)) if k not in raw]
         if missing:
             raise SweepConfigError(f"missing key(s) {', '.join(missing)}")
+        misplaced = [k for k in (("space", "defaults") if grid else GRID_ONLY) if k in raw]
+        if misplaced:
+            why = (
+                "a grid study (sampler: {name: grid}) runs the points of `grid`; drop them"
+                if grid
+                else "only a grid study has these; set sampler: {name: grid} or drop them"
+            )
+            raise SweepConfigError(f"{', '.join(misplaced)}: {why}")
         for key in ("pair", "condition"):
             if not isinstance(raw[key], str) or not raw[key]:
                 raise SweepConfigError(f"{key}={raw[key]!r} must be a non-empty string")
         if raw["driver"] not in DRIVERS:
             raise SweepConfigError(f"driver={raw['driver']!r} is not one of {', '.join(DRIVERS)}")
-        ints = {k: _int(k, raw[k], 1) for k in ("n_trials", "n_workers", "ticks", "val_every", "read_at")}
+        ints = {k: _int(k, raw[k], 1) for k in ("n_workers", "ticks", "val_every", "read_at")}
         if ints["read_at"] > ints["ticks"]:
             raise SweepConfigError(
                 f"read_at={ints['read_at']} is after the last tick (ticks={ints['ticks']}); lower it"
@@ -149,7 +167,13 @@ class SweepConfig:
                 f"(a multiple of val_every={ints['val_every']}, "
                 f"or ticks={ints['ticks']}); the objective is read there"
             )
-        space = SearchSpace.from_dict(raw["space"])
+        space = GridSpace.from_dict(raw["grid"]) if grid else SearchSpace.from_dict(raw["space"])
+        ints["n_trials"] = _grid_budget(raw, space) if grid else _int("n_trials", raw["n_trials"], 1)
+        if grid and "seed" in raw and "seed" in space.names:
+            raise SweepConfigError(
+                f"seed={raw['seed']!r} and grid.seed both set the training seed; drop the top-level seed"
+            )
+        baseline = _baseline(raw.get("baseline"), raw["condition"]) if grid else None
         overrides = raw.get("train_overrides", [])
         if (
             not isinstance(overrides, Sequence)
@@ -157,7 +181,8 @@ class SweepConfig:
             or not all(isinstance(o, str) and "=" in o for o in overrides)
         ):
             raise SweepConfigError(f"train_overrides={overrides!r} must be a list of key=value strings")
-        reserved = {*RESERVED_OVERRIDES, *(f"method.{n}" for n in space.names)}
+        swept = point_overrides(dict.fromkeys(space.names, 0), raw["driver"])  # the keys the sweep sets
+        reserved = {*RESERVED_OVERRIDES, *(o.split("=", 1)[0] for o in swept)}
         keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
         clash = [o for o, k in zip(overrides, keys, strict=True) if reserved & {k, k.split(".")[0]}]
         if clash:
@@ -165,18 +190,25 @@ class SweepConfig:
                 f"train_overrides {', '.join(clash)}: the sweep sets these itself; "
                 "use the config keys instead"
             )
+        pruner = _pruner(raw.get("pruner", {"name": "none" if grid else "median"}), ints["read_at"])
+        if grid and pruner.name != "none":
+            raise SweepConfigError(
+                f"pruner.name={pruner.name!r}: a grid study reads every point at read_at, and a pruned point "
+                "leaves its cell without that seed; use pruner: {name: none}"
+            )
         return cls(
             pair=raw["pair"],
             condition=raw["condition"],
             driver=raw["driver"],
             storage=StorageSpec.parse(raw["storage"]),
             space=space,
-            defaults=space.check_point(raw["defaults"], "defaults"),
+            defaults={} if grid else space.check_point(raw["defaults"], "defaults"),
             seed=_int("seed", raw.get("seed", 0), 0),
             heartbeat=_heartbeat(raw.get("heartbeat", {})),
-            sampler=_sampler(raw.get("sampler", {})),
-            pruner=_pruner(raw.get("pruner", {"name": "median"}), ints["read_at"]),
+            sampler=sampler,
+            pruner=pruner,
             train_overrides=tuple(overrides),
+            baseline=baseline,
             **ints,
         )
 
@@ -224,6 +256,28 @@ def _options(name: str, raw: Any, allowed: Sequence[str]) -> Mapping[str, Any]:
     return raw
 
 
+def _grid_budget(raw: Mapping[str, Any], grid: GridSpace) -> int:
+    """A grid study runs every point once: ``n_trials`` is the grid's size (give it or leave it out)."""
+    if "n_trials" in raw and _int("n_trials", raw["n_trials"], 1) != grid.size:
+        raise SweepConfigError(
+            f"n_trials={raw['n_trials']} is not the grid's size ({grid.size} points); "
+            "drop n_trials (a grid study runs every point once)"
+        )
+    return grid.size
+
+
+def _baseline(value: Any, condition: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SweepConfigError(f"baseline={value!r} must be a condition name, e.g. dense")
+    if value == condition:
+        raise SweepConfigError(
+            f"baseline={value!r} is the study's own condition; name another one (e.g. dense) or drop it"
+        )
+    return value
+
+
 def _heartbeat(raw: Any) -> HeartbeatConfig:
     raw = _options("heartbeat", raw, ("interval", "grace", "max_retry"))
     hb = HeartbeatConfig(
@@ -242,6 +296,10 @@ def _sampler(raw: Any) -> SamplerConfig:
     name = raw.pop("name", "tpe")
     if name not in SAMPLERS:
         raise SweepConfigError(f"sampler.name={name!r} is not one of {', '.join(SAMPLERS)}")
+    if name == "grid" and raw:
+        raise SweepConfigError(
+            f"sampler: {', '.join(raw)}: the grid sampler takes no options (every point runs once, in order)"
+        )
     return SamplerConfig(name, **{k: _int(f"sampler.{k}", v, 0) for k, v in raw.items()})
 
 

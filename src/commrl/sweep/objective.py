@@ -4,7 +4,8 @@
 driver (``LocalDriver``: ``LocalTrainer`` in this process; ``verl_driver.VerlDriver``: the cluster driver
 as a subprocess) and turns the outcome into Optuna's: the value is ``val/acc`` at ``read_at``; every
 validation before it is reported, and a pruner's verdict or a collapse alarm (``health/alarm``) stops the
-run through ``StopTraining``, which becomes ``optuna.TrialPruned``. The trial's MLflow run is the trainer's,
+run through ``StopTraining``, which becomes ``optuna.TrialPruned`` (a grid study stops nothing: every point
+is read at ``read_at``, alarm or not; ``commrl.sweep.grid``). The trial's MLflow run is the trainer's,
 nested under the sweep's parent run; it ends FINISHED with tag ``optuna.state`` = COMPLETE or PRUNED.
 """
 
@@ -21,13 +22,17 @@ import optuna
 
 from commrl import tracking
 from commrl.rl.health import NonFiniteLossError
-from commrl.rl.trainer import RunSpec, StopTraining, TrainCallbacks, TrainResult
+from commrl.run import record
+from commrl.run.hooks import StopTraining, TrainCallbacks
+from commrl.run.record import RunSpec
+from commrl.run.summary import RunSummary
 from commrl.sweep.budget import SURPLUS_NOTE, BudgetFilled, is_surplus
 from commrl.sweep.config import SweepConfig
+from commrl.sweep.grid import claim_point
 from commrl.sweep.heartbeat import TrialHeartbeat
 from commrl.sweep.storage import retry_callback, retry_history
 from commrl.sweep.study import SweepError
-from commrl.sweep.trial_config import RUN_ID_FILE, local_overrides, trial_dir
+from commrl.sweep.trial_config import local_overrides, trial_dir
 
 
 @dataclass
@@ -41,7 +46,7 @@ class TrialPlan:
     run: RunSpec
 
 
-TrialDriver = Callable[[TrialPlan, TrainCallbacks], TrainResult]
+TrialDriver = Callable[[TrialPlan, TrainCallbacks], RunSummary]
 
 
 class LocalDriver:
@@ -50,7 +55,7 @@ class LocalDriver:
     def __init__(self, cfg: SweepConfig):
         self.cfg = cfg
 
-    def __call__(self, plan: TrialPlan, hooks: TrainCallbacks) -> TrainResult:
+    def __call__(self, plan: TrialPlan, hooks: TrainCallbacks) -> RunSummary:
         from commrl.rl.config import load_train_config
         from commrl.rl.trainer import LocalTrainer
 
@@ -61,11 +66,19 @@ class LocalDriver:
 class PruningHooks(TrainCallbacks):
     """Reports each validation to the trial; stops the run when the pruner says so or on a collapse alarm."""
 
-    def __init__(self, trial: optuna.Trial, reported: dict[int, float], read_at: int, out_dir: Path):
+    def __init__(
+        self,
+        trial: optuna.Trial,
+        reported: dict[int, float],
+        read_at: int,
+        out_dir: Path,
+        stop_on_alarm: bool = True,
+    ):
         self.trial = trial
         self.reported = dict(reported)  # a retry inherits its predecessor's values
         self.read_at = read_at
         self.out_dir = out_dir
+        self.stop_on_alarm = stop_on_alarm
         self.reason: str | None = None
 
     def report(self, step: int, accuracy: float) -> None:
@@ -82,13 +95,12 @@ class PruningHooks(TrainCallbacks):
             raise StopTraining(self.reason)
 
     def on_tick(self, step: int, metrics: dict[str, float]) -> None:
-        if metrics.get("health/alarm", 0.0) >= 1.0 and step < self.read_at:
+        if self.stop_on_alarm and metrics.get("health/alarm", 0.0) >= 1.0 and step < self.read_at:
             self.reason = f"collapse alarm at tick {step}"
             raise StopTraining(self.reason)
 
     def run_id(self) -> str | None:
-        path = self.out_dir / RUN_ID_FILE
-        return (path.read_text().strip() or None) if path.is_file() else None
+        return record.written_run_id(self.out_dir)
 
 
 class SweepObjective:
@@ -107,6 +119,8 @@ class SweepObjective:
             trial.set_user_attr("note", SURPLUS_NOTE)
             raise BudgetFilled(SURPLUS_NOTE)
         frozen = self._frozen(trial, trials)
+        if self.cfg.is_grid:
+            claim_point(trial, frozen, trials, self.cfg.space)
         history = retry_history(frozen)
         key = history[0] if history else trial.number
         params = self.cfg.space.suggest(trial)
@@ -116,8 +130,10 @@ class SweepObjective:
         if history:
             trial.set_user_attr("retry_of", key)
         plan = TrialPlan(trial.number, key, params, out_dir, self._run_spec(trial.number, key, params))
-        hooks = PruningHooks(trial, frozen.intermediate_values, self.cfg.read_at, out_dir)
-        result: TrainResult | None = None
+        hooks = PruningHooks(
+            trial, frozen.intermediate_values, self.cfg.read_at, out_dir, stop_on_alarm=not self.cfg.is_grid
+        )
+        result: RunSummary | None = None
         with TrialHeartbeat(trial, self.cfg.heartbeat.interval):
             try:
                 result = self.driver(plan, hooks)

@@ -2,13 +2,16 @@
 
 ``rank`` (activation and PowerSGD rank, int, usually log scale), ``alpha`` (sign-correction blend, [0, 1]),
 ``beta`` (dense-memory decay, [0, 1)) and ``cadence`` (anchor cadence K = delay h, int); method.md §2-§3.
-A space is checked in full when it is read, so a bad bound fails before any trial starts.
+A ``SearchSpace`` gives each knob bounds for a sampler; a ``GridSpace`` gives each axis a list of values
+(the knobs, and also ``prompts_per_tick`` and the training ``seed``), every combination one trial.
+A space is checked in full when it is read, so a bad bound or value fails before any trial starts.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,14 @@ KNOBS: dict[str, tuple[str, float, float, bool]] = {
     "cadence": ("int", 1, math.inf, True),
 }
 SPEC_KEYS = ("type", "low", "high", "log", "step")
+# grid axes that are not method knobs, same layout as KNOBS: the prompts of one tick, the run's seed
+RUN_AXES: dict[str, tuple[str, float, float, bool]] = {
+    "seed": ("int", 0, math.inf, True),
+    "prompts_per_tick": ("int", 1, math.inf, True),
+}
+AXIS_RANGES = {**KNOBS, **RUN_AXES}  # every grid axis
+# the order a grid's points run in: seed-major, so a partial study has whole seeds
+GRID_AXES = ("seed", "prompts_per_tick", "rank", "cadence", "alpha", "beta")
 
 
 def _is_number(value: Any) -> bool:
@@ -185,15 +196,139 @@ class SearchSpace:
                 )
         return {p.name: float(point[p.name]) if p.type == "float" else point[p.name] for p in self.params}
 
-    def corners(self) -> list[dict[str, Any]]:
+    def check_points(self) -> dict[str, dict[str, Any]]:
         """The all-low and the all-high points: every value a trial can take lies between them."""
-        return [{p.name: p.low for p in self.params}, {p.name: p.high for p in self.params}]
+        return {
+            "space (all lows)": {p.name: p.low for p in self.params},
+            "space (all highs)": {p.name: p.high for p in self.params},
+        }
 
     def suggest(self, trial) -> dict[str, Any]:
         return {p.name: p.suggest(trial) for p in self.params}
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {p.name: p.to_dict() for p in self.params}
+
+
+@dataclass(frozen=True)
+class GridSpace:
+    """The values of each grid axis (ascending, in ``GRID_AXES`` order); a trial is one combination.
+
+    A grid with no axes has one point, ``{}`` (a baseline study of a grid without seeds or prompts).
+    """
+
+    axes: tuple[tuple[str, tuple[int | float, ...]], ...]
+
+    @classmethod
+    def from_dict(cls, raw: Any, field: str = "grid") -> GridSpace:
+        if not isinstance(raw, Mapping) or not raw:
+            raise SweepConfigError(
+                f"{field} must be a non-empty mapping of axes ({', '.join(GRID_AXES)}) to lists of values, "
+                "e.g. {alpha: [0.25, 1.0], cadence: [2, 5]}"
+            )
+        unknown = sorted(set(raw) - set(AXIS_RANGES))
+        if unknown:
+            raise SweepConfigError(
+                f"{field}: unknown axis {', '.join(map(repr, unknown))}; "
+                f"the grid axes are {', '.join(GRID_AXES)}"
+            )
+        return cls(
+            tuple(
+                (name, _grid_values(f"{field}.{name}", name, raw[name])) for name in GRID_AXES if name in raw
+            )
+        )
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.axes]
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(values) for _, values in self.axes)
+
+    def values(self, name: str) -> tuple[int | float, ...]:
+        return dict(self.axes)[name]
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every combination, seed-major (then prompts per tick, rank, cadence, alpha, beta)."""
+        return [
+            dict(zip(self.names, combo, strict=True))
+            for combo in itertools.product(*dict(self.axes).values())
+        ]
+
+    def restrict(self, names: Iterable[str]) -> GridSpace:
+        """The grid over the axes among ``names`` only."""
+        keep = set(names)
+        return GridSpace(tuple((name, values) for name, values in self.axes if name in keep))
+
+    def extends(self, stored: Mapping[str, Any]) -> bool:
+        """Whether this grid is ``stored`` (a ``to_dict``) with values added: same axes, every value kept."""
+        current = self.to_dict()
+        return set(stored) == set(current) and all(set(stored[n]) <= set(current[n]) for n in current)
+
+    def check_points(self) -> dict[str, dict[str, Any]]:
+        """A few points that together take every value of every axis (as many as the longest axis has)."""
+        longest = max((len(values) for _, values in self.axes), default=1)
+        return {
+            f"grid probe {i + 1}/{longest}": {n: v[i % len(v)] for n, v in self.axes} for i in range(longest)
+        }
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """The trial's grid point: every trial of a grid study is a queued point, so its values are fixed.
+        They are asked as int or float ranges over each axis, which (unlike Optuna's categorical choices)
+        may widen when the grid grows."""
+        return {
+            name: (trial.suggest_int if AXIS_RANGES[name][0] == "int" else trial.suggest_float)(
+                name, values[0], values[-1]
+            )
+            for name, values in self.axes
+        }
+
+    def to_dict(self) -> dict[str, list[int | float]]:
+        return {name: list(values) for name, values in self.axes}
+
+
+def _grid_values(field: str, name: str, raw: Any) -> tuple[int | float, ...]:
+    """One axis of a grid: a non-empty list of distinct in-range values, returned ascending."""
+    kind, low, high, high_closed = AXIS_RANGES[name]
+    if isinstance(raw, str | bytes | Mapping) or not isinstance(raw, Iterable):
+        raise SweepConfigError(f"{field}={raw!r} must be a list of values, e.g. [{low:g}, ...]")
+    values = list(raw)
+    if not values:
+        raise SweepConfigError(f"{field} is an empty list; give at least one value or drop the axis")
+    for i, value in enumerate(values):
+        if not _is_number(value) or (kind == "int" and not isinstance(value, int)):
+            raise SweepConfigError(
+                f"{field}[{i}]={value!r} must be a finite {'integer' if kind == 'int' else 'number'}"
+            )
+        if value < low or value > high or (not high_closed and value >= high):
+            bound = f"<= {high:g}" if high_closed else f"< {high:g}"
+            allowed = f">= {low:g}" + ("" if math.isinf(high) else f" and {bound}")
+            raise SweepConfigError(f"{field}[{i}]={value!r} is out of range: {name} must be {allowed}")
+    converted = [float(v) if kind == "float" else v for v in values]
+    if len(set(converted)) != len(converted):
+        repeated = sorted({v for v in converted if converted.count(v) > 1})
+        raise SweepConfigError(f"{field} repeats {', '.join(map(str, repeated))}; list each value once")
+    return tuple(sorted(converted))
+
+
+def point_overrides(params: Mapping[str, Any], driver: str) -> list[str]:
+    """A point (a sampled one, or a grid point) as training overrides, without its ``seed``: the caller
+    sets the run's seed itself (``seed=`` for the local driver, ``--seed`` for the cluster driver).
+
+    ``prompts_per_tick`` is the local tree's ``rl.prompts_per_tick``; on the paper pairs' tree it is verl's
+    batch of prompts with one optimizer step per tick (``train_batch_size`` = ``ppo_mini_batch_size``).
+    """
+    out = method_overrides({k: v for k, v in params.items() if k in KNOBS}, driver)
+    prompts = params.get("prompts_per_tick")
+    if prompts is not None and driver == "local":
+        out.append(f"rl.prompts_per_tick={prompts}")
+    elif prompts is not None:
+        out += [
+            f"verl.data.train_batch_size={prompts}",
+            f"verl.actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+        ]
+    return out
 
 
 def method_overrides(params: Mapping[str, Any], driver: str) -> list[str]:

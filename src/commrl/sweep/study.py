@@ -4,7 +4,8 @@
 parent run (concurrent creation of a fresh sqlite study crashes, so workers never create). It is
 idempotent: a second call changes nothing, and a call after a crash half-way finishes what is missing.
 The study keeps its identity (pair, condition, ticks, read point, space) in its user attributes; a worker
-whose config no longer matches refuses to run.
+whose config no longer matches refuses to run. A grid may grow (values added to its axes): ``init`` then
+stores the new grid and enqueues the new points.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import optuna
 
 from commrl import tracking
 from commrl.sweep.config import PrunerConfig, SamplerConfig, SweepConfig
-from commrl.sweep.space import SweepConfigError
+from commrl.sweep.grid import enqueue_missing
+from commrl.sweep.space import GridSpace, SweepConfigError
 from commrl.sweep.storage import open_storage, storage_exists, study_names
 from commrl.sweep.trial_config import trials_dir
 
@@ -30,7 +32,7 @@ class SweepError(RuntimeError):
 def make_sampler(cfg: SamplerConfig, worker: int) -> optuna.samplers.BaseSampler:
     """Seeded ``seed + worker``: workers with the same seed would propose the same points."""
     seed = cfg.seed + worker
-    if cfg.name == "random":
+    if cfg.name in ("random", "grid"):  # a grid's trials are queued points: it never samples a value
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(
         multivariate=True, constant_liar=True, n_startup_trials=cfg.n_startup_trials, seed=seed
@@ -70,9 +72,11 @@ def init_study(cfg: SweepConfig, name: str) -> dict:
     if not created:
         study = optuna.load_study(study_name=name, storage=storage)
     check_identity(study, cfg)
-    if IDENTITY_ATTR not in study.user_attrs:
+    if study.user_attrs.get(IDENTITY_ATTR) != cfg.to_dict():  # new, or a grid that grew
         study.set_user_attr(IDENTITY_ATTR, cfg.to_dict())
-    if not study.user_attrs.get(DEFAULTS_ATTR):
+    if isinstance(cfg.space, GridSpace):
+        enqueue_missing(study, cfg.space)
+    elif not study.user_attrs.get(DEFAULTS_ATTR):
         study.enqueue_trial(cfg.defaults, user_attrs={"source": "default"}, skip_if_exists=True)
         study.set_user_attr(DEFAULTS_ATTR, True)
     parent = ensure_parent_run(study, cfg)
@@ -120,6 +124,8 @@ def check_identity(study: optuna.Study, cfg: SweepConfig) -> None:
         return
     current = cfg.to_dict()
     changed = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
+    if "space" in changed and isinstance(cfg.space, GridSpace) and cfg.space.extends(stored["space"]):
+        changed.remove("space")
     if changed:
         detail = "; ".join(
             f"{k}: study has {stored.get(k)!r}, config has {current.get(k)!r}" for k in changed
@@ -127,7 +133,8 @@ def check_identity(study: optuna.Study, cfg: SweepConfig) -> None:
         raise SweepConfigError(
             f"study {study.study_name!r} was created with other settings ({detail}); restore them, "
             "or start a "
-            "new study with another --study name (n_trials and n_workers may change freely)"
+            "new study with another --study name (n_trials and n_workers may change freely, a grid may gain "
+            "values)"
         )
 
 

@@ -19,12 +19,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from commrl import tracking
+from commrl.run import record
 from commrl.staging import staged_dir
 from commrl.sweep.budget import finished
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.storage import retry_history
 from commrl.sweep.study import PARENT_ATTR, open_study
-from commrl.sweep.trial_config import RUN_ID_FILE
 
 PLOTS = ("history", "intermediate", "parallel_coordinate", "slice", "importances")
 
@@ -41,8 +41,8 @@ def trial_row(trial: FrozenTrial, names: list[str]) -> dict[str, Any]:
     history = retry_history(trial)
     run_id = trial.user_attrs.get("mlflow_run_id")
     out_dir = trial.user_attrs.get("out_dir")
-    if not run_id and out_dir and (Path(out_dir) / RUN_ID_FILE).is_file():  # a killed trial never recorded it
-        run_id = (Path(out_dir) / RUN_ID_FILE).read_text().strip()
+    if not run_id and out_dir:  # a killed trial never recorded it
+        run_id = record.written_run_id(Path(out_dir))
     duration = trial.duration.total_seconds() if trial.duration else None
     return {
         "number": trial.number,

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from commrl import tracking
+from commrl.run.record import RunSpec
 from commrl.sweep.config import SweepConfig
-from commrl.sweep.space import SweepConfigError, method_overrides
-
-RUN_ID_FILE = "mlflow_run_id"  # every driver's trainer writes its MLflow run id into <out_dir>/mlflow_run_id
+from commrl.sweep.space import SweepConfigError, point_overrides
 
 
 def trials_dir(cfg: SweepConfig, study: str) -> Path:
@@ -31,26 +30,32 @@ def trial_dir(cfg: SweepConfig, study: str, key: int) -> Path:
     return trials_dir(cfg, study) / f"trial{key:04d}"
 
 
+def trial_seed(cfg: SweepConfig, params: Mapping[str, Any]) -> int:
+    """The training seed of a trial: its grid point's ``seed``, else the config's."""
+    return params.get("seed", cfg.seed)
+
+
 def local_overrides(cfg: SweepConfig, params: Mapping[str, Any], out_dir: Path | str) -> list[str]:
     """Hydra overrides of ``configs/train/`` for one trial of the local driver."""
     return [
         f"pair={cfg.pair}",
         f"condition={cfg.condition}",
-        f"seed={cfg.seed}",
+        f"seed={trial_seed(cfg, params)}",
         f"out_dir={out_dir}",
         f"rl.ticks={cfg.ticks}",
         f"rl.val_every={cfg.val_every}",
         f"rl.read_at={cfg.read_at}",
-        *method_overrides(params, "local"),
+        *point_overrides(params, "local"),
         *cfg.train_overrides,
     ]
 
 
-def verl_command(cfg: SweepConfig, params: Mapping[str, Any], out_dir: Path | str) -> list[str]:
-    """``commrl verl-train`` of one trial (keys ticks/read_at/val_every/method.* go to configs/verl/).
-
-    ``ticks_by_condition.<condition>`` (pair A trains some conditions 150 ticks) would win over ``ticks``,
-    so it is set to the sweep's ticks too.
+def verl_command(
+    cfg: SweepConfig, params: Mapping[str, Any], out_dir: Path | str, run: RunSpec | None = None
+) -> list[str]:
+    """``commrl verl-train`` of one trial (keys ticks/read_at/val_every/method.* go to configs/verl/); ``run``
+    places its MLflow run (kind ``trial``, nested under the sweep, the trial's tags) from its creation.
+    ``ticks=`` wins over the pair's ``ticks_by_condition`` (pair A trains some conditions 150 ticks).
     """
     return [
         sys.executable,
@@ -62,20 +67,20 @@ def verl_command(cfg: SweepConfig, params: Mapping[str, Any], out_dir: Path | st
         "--condition",
         cfg.condition,
         "--seed",
-        str(cfg.seed),
+        str(trial_seed(cfg, params)),
         "--out",
         str(out_dir),
+        *(["--run-spec", run.to_json()] if run is not None else []),
         f"ticks={cfg.ticks}",
-        f"++ticks_by_condition.{cfg.condition}={cfg.ticks}",
         f"read_at={cfg.read_at}",
         f"val_every={cfg.val_every}",
-        *method_overrides(params, "verl"),
+        *point_overrides(params, "verl"),
         *cfg.train_overrides,
     ]
 
 
 def check_trials(cfg: SweepConfig) -> None:
-    """Fail before any trial when a trial at the defaults or at a corner of the space cannot train."""
+    """Fail before any trial when a trial at the defaults or a check point of the space cannot train."""
     if cfg.driver == "verl":
         check_verl_trials(cfg)
     else:
@@ -83,7 +88,7 @@ def check_trials(cfg: SweepConfig) -> None:
 
 
 def check_local_trials(cfg: SweepConfig) -> None:
-    """Compose the training config at the defaults and at both corners of the space; fail before any trial.
+    """Compose the training config at the defaults and the space's check points; fail before any trial.
 
     When the base model exists, ``rank`` is also checked against its hidden size.
     """
@@ -98,7 +103,7 @@ def check_local_trials(cfg: SweepConfig) -> None:
 
 
 def check_verl_trials(cfg: SweepConfig) -> None:
-    """``commrl verl-train --dry-run`` (CPU) at the defaults and both corners of the space."""
+    """``commrl verl-train --dry-run`` (CPU) at the defaults and the space's check points."""
     with tempfile.TemporaryDirectory(prefix="sweep-dry-run-") as tmp:
         for label, point in _check_points(cfg).items():
             done = subprocess.run(
@@ -110,8 +115,8 @@ def check_verl_trials(cfg: SweepConfig) -> None:
 
 
 def _check_points(cfg: SweepConfig) -> dict[str, dict[str, Any]]:
-    low, high = cfg.space.corners()
-    return {"defaults": cfg.defaults, "space (all lows)": low, "space (all highs)": high}
+    """A search's defaults and corners, or points that take every value of a grid."""
+    return {**({"defaults": cfg.defaults} if cfg.defaults else {}), **cfg.space.check_points()}
 
 
 def model_hidden_size(model_path: str | Path) -> int | None:

@@ -1,4 +1,5 @@
-"""After a cluster run: how many ticks verl trained, the HF folders of its checkpoints, ``summary.json``.
+"""After a cluster run: how many ticks verl trained, the HF folders of its checkpoints, ``summary.json``
+(``commrl.run.summary``, the schema both drivers write).
 
 verl's trainer saves ``<checkpoints>/global_step_<k>/actor/`` (sharded FSDP state + ``huggingface/`` with
 the config and tokenizer) every ``trainer.save_freq`` ticks and at the last one, and writes ``k`` to
@@ -11,12 +12,12 @@ the same as ``python -m verl.model_merger merge --backend fsdp --local_dir ... -
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from commrl import tracking
+from commrl.run.summary import FINAL_DIR, RunSummary, read_point, read_point_dir_name
 from commrl.staging import staged_dir
+from commrl.verl_ext.config import VerlRun
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -60,33 +61,15 @@ def export_hf(checkpoint_dir: Path, tick: int, target: Path) -> Path:
     return target
 
 
-@dataclass(frozen=True)
-class RunSummary:
-    """What ``DIR/summary.json`` says about one cluster run."""
-
-    ticks_trained: int
-    ticks_asked: int
-    mlflow_run_id: str | None
-    final: str | None
-    read_at: int
-    read_checkpoint: str | None
-
-    @property
-    def complete(self) -> bool:
-        return self.ticks_trained >= self.ticks_asked
-
-
-def write_json(path: Path, payload: dict) -> None:
-    """Write JSON through a temporary file and a rename (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def finish_run(out_dir: Path, ticks_asked: int, read_at: int, mlflow_run_id: str | None) -> RunSummary:
+def summarize_run(
+    out_dir: Path,
+    spec: VerlRun,
+    ticks_asked: int,
+    mlflow_run_id: str | None,
+    tracking_uri: str | None = None,
+) -> RunSummary:
     """Count the ticks trained, export ``DIR/final`` (the last tick) and ``DIR/tick<read_at>``, write
-    ``DIR/summary.json``.
+    ``DIR/summary.json`` (val/acc per validation from the run's MLflow history).
 
     The read-point folder is written only when the read point is an earlier checkpoint than the last one
     (the KL runs of pair A go to 150 ticks and are read at 100); otherwise ``final`` is the read point.
@@ -94,12 +77,27 @@ def finish_run(out_dir: Path, ticks_asked: int, read_at: int, mlflow_run_id: str
     out_dir = Path(out_dir)
     checkpoints = out_dir / "checkpoints"
     trained = latest_tick(checkpoints)
-    final = read = None
+    final = None
     if trained > 0:
-        final = str(export_hf(checkpoints, trained, out_dir / "final"))
-        read = final if read_at == trained else None
-        if read_at < trained and actor_checkpoint(checkpoints, read_at).is_dir():
-            read = str(export_hf(checkpoints, read_at, out_dir / f"tick{read_at}"))
-    summary = RunSummary(trained, ticks_asked, mlflow_run_id, final, read_at, read)
-    write_json(out_dir / "summary.json", {**asdict(summary), "complete": summary.complete})
+        final = str(export_hf(checkpoints, trained, out_dir / FINAL_DIR))
+        if spec.read_at < trained and actor_checkpoint(checkpoints, spec.read_at).is_dir():
+            export_hf(checkpoints, spec.read_at, out_dir / read_point_dir_name(spec.read_at))
+    val_acc: dict[int, float] = {}
+    if mlflow_run_id:
+        history = tracking.client(tracking_uri).get_metric_history(mlflow_run_id, "val/acc")
+        val_acc = {int(m.step): float(m.value) for m in history}
+    summary = RunSummary(
+        pair=spec.pair,
+        condition=spec.condition,
+        seed=spec.seed,
+        driver="verl",
+        ticks_asked=ticks_asked,
+        ticks_trained=trained,
+        mlflow_run_id=mlflow_run_id,
+        final=final,
+        read_at=spec.read_at,
+        read=read_point(out_dir, spec.read_at, trained, final),
+        val_acc=val_acc,
+    )
+    summary.write(out_dir)
     return summary

@@ -1,11 +1,12 @@
 """The cluster driver's run config: commrl's tree (``configs/verl/``) as Hydra overrides of verl's own config.
 
 A run is (pair, condition, seed). ``compose_run`` composes ``configs/verl/config.yaml`` (the pair's model,
-data, ticks, the method's knobs and the pair's verl recipe under ``verl:``; the condition's codec switches)
-into a ``VerlRun``. ``run_overrides`` turns that into ``key=value`` overrides of verl's
-``verl/trainer/config/ppo_trainer.yaml`` -- the pair's recipe, then what commrl derives (model path, data
-files, ticks, validation cadence, MLflow naming, the engine and the reward), then the command line's own --
-and ``compose_verl_config`` composes verl's config with them, so verl's Hydra tree stays the single schema.
+data, ticks, the method's knobs and the pair's verl recipe under ``verl:``; the condition's codec switches,
+from ``configs/condition/``, shared with the local driver) into a ``VerlRun``. ``run_overrides`` turns
+that into ``key=value`` overrides of verl's ``verl/trainer/config/ppo_trainer.yaml`` -- the pair's recipe,
+then what commrl derives (model path, data files, ticks, validation cadence, MLflow naming, the engine and
+the reward), then the command line's own -- and ``compose_verl_config`` composes verl's config with them,
+so verl's Hydra tree stays the single schema.
 
 How the method config reaches the workers: verl converts ``actor_rollout_ref.actor``/``.model`` into
 dataclasses that reject unknown keys, and the engine sees nothing else, so the ``MethodConfig`` travels as
@@ -27,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commrl import tracking
+from commrl import config_tree, tracking
 from commrl.compression.config import ConfigError, MethodConfig
 
 METHOD_ENV = "COMMRL_METHOD"
-CONFIGS_ENV = "COMMRL_VERL_CONFIGS"
 EXTERNAL_LIB = "commrl.verl_ext"
 ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
+HF_OVERRIDES = "actor_rollout_ref.model.override_config."  # verl passes these to the HF config
 # Top-level keys of commrl's tree; an override whose first key is one of these goes to commrl, else to verl.
 # (``resources`` records a job's needs for the Slurm profile; the driver itself does not read it.)
 COMMRL_KEYS = (
@@ -46,7 +47,7 @@ COMMRL_KEYS = (
     "ticks_by_condition",
     "read_at",
     "val_every",
-    "attention_dropout",
+    "unsupported_drivers",
     "method",
     "resources",
     "verl",
@@ -77,14 +78,10 @@ class VerlRun:
 
 def default_config_dir() -> Path:
     """``$COMMRL_VERL_CONFIGS``, else ``configs/verl`` under the working directory or the repository."""
-    env = os.environ.get(CONFIGS_ENV)
-    if env:
-        return Path(env).resolve()
-    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
-        candidate = root / "configs" / "verl"
-        if candidate.is_dir():
-            return candidate.resolve()
-    raise ConfigError(f"cannot find configs/verl; run from the repository root or set {CONFIGS_ENV}")
+    try:
+        return config_tree.tree_dir("verl")
+    except config_tree.ConfigTreeError as err:
+        raise ConfigError(str(err)) from None
 
 
 def override_key(override: str) -> str:
@@ -104,40 +101,56 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     return commrl, verl
 
 
-def available(config_dir: Path, group: str) -> list[str]:
-    return sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
-
-
 def compose_run(
     pair: str, condition: str, seed: int, overrides: Sequence[str] = (), config_dir: Path | None = None
 ) -> VerlRun:
-    """Compose ``configs/verl/config.yaml`` for (pair, condition, seed) plus commrl-side overrides."""
+    """Compose ``configs/verl/config.yaml`` for (pair, condition, seed) plus commrl-side overrides.
+
+    The ``condition`` group is ``configs/condition/`` beside the tree (``config_tree``). A ``ticks=N``
+    override wins over the pair's ``ticks_by_condition``.
+    """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     directory = (config_dir or default_config_dir()).resolve()
-    for group, name in (("pair", pair), ("condition", condition)):
-        if name not in available(directory, group):
-            raise ConfigError(
-                f"--{group} {name!r} has no config {directory / group / (name + '.yaml')}; "
-                f"choose one of {', '.join(available(directory, group))}"
-            )
+    pairs = sorted(p.stem for p in (directory / "pair").glob("*.yaml"))
+    if pair not in pairs:
+        raise ConfigError(
+            f"--pair {pair!r} has no config {directory / 'pair' / (pair + '.yaml')}; "
+            f"choose one of {', '.join(pairs)}"
+        )
+    try:
+        config_tree.check_condition_name(condition, directory, "verl")
+    except config_tree.ConfigTreeError as err:
+        raise ConfigError(str(err)) from None
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed {seed!r} is invalid: must be an integer >= 0")
     try:
         with initialize_config_dir(config_dir=str(directory), version_base="1.3", job_name="commrl_verl"):
-            run = [f"pair={pair}", f"condition={condition}", f"seed={seed}"]
+            search = config_tree.searchpath_override(directory)
+            run = [search, f"pair={pair}", f"condition={condition}", f"seed={seed}"]
             cfg = compose(config_name="config", overrides=[*run, *overrides])
         values = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"cannot compose the run config from {directory}: {err}") from err
-    return run_from_dict(values)
+    return run_from_dict(values, explicit_ticks=config_tree.override_value(overrides, "ticks") is not None)
 
 
-def run_from_dict(values: Mapping[str, Any]) -> VerlRun:
-    """A ``VerlRun`` from the composed mapping; missing or out-of-range fields are named."""
+def run_from_dict(values: Mapping[str, Any], explicit_ticks: bool = False) -> VerlRun:
+    """A ``VerlRun`` from the composed mapping; missing or out-of-range fields are named.
+
+    ``ticks`` is the pair's ``ticks_by_condition[condition]`` where it has one, unless ``explicit_ticks``
+    (``ticks`` was set on the command line, which wins).
+    """
+    if "condition" not in values:
+        raise ConfigError("configs/verl lacks the key 'condition' (each file of configs/condition/ sets it)")
+    condition = str(values["condition"])
+    try:
+        config_tree.check_driver(condition, values.get("unsupported_drivers") or {}, "verl")
+    except config_tree.ConfigTreeError as err:
+        raise ConfigError(str(err)) from None
     unknown = sorted(set(values) - set(COMMRL_KEYS))
     if unknown:
         raise ConfigError(
@@ -145,8 +158,8 @@ def run_from_dict(values: Mapping[str, Any]) -> VerlRun:
         )
     try:
         model, dataset = values["model"], values["dataset"]
-        condition = str(values["condition"])
-        ticks = int(dict(values.get("ticks_by_condition") or {}).get(condition, values["ticks"]))
+        by_condition = {} if explicit_ticks else dict(values.get("ticks_by_condition") or {})
+        ticks = int(by_condition.get(condition, values["ticks"]))
         method = {"seed": int(values["seed"]), **values["method"]}  # the run's seed unless method.seed is set
         run = VerlRun(
             pair=str(values["pair"]),
@@ -158,7 +171,7 @@ def run_from_dict(values: Mapping[str, Any]) -> VerlRun:
             ticks=ticks,
             read_at=int(values["read_at"]),
             val_every=int(values["val_every"]),
-            attention_dropout=float(values.get("attention_dropout", 0.0)),
+            attention_dropout=float(model.get("attention_dropout", 0.0)),
             method=MethodConfig.from_dict(method),
             verl=dict(values.get("verl") or {}),
         )
@@ -169,7 +182,7 @@ def run_from_dict(values: Mapping[str, Any]) -> VerlRun:
         if getattr(run, name) < 1:
             raise ConfigError(f"{name}={getattr(run, name)} is invalid: must be an integer >= 1")
     if not 0.0 <= run.attention_dropout < 1.0:
-        raise ConfigError(f"attention_dropout={run.attention_dropout} is invalid: must be in [0, 1)")
+        raise ConfigError(f"model.attention_dropout={run.attention_dropout} is invalid: must be in [0, 1)")
     return run
 
 
@@ -264,7 +277,11 @@ def run_overrides(
     }
     if mlflow_run_id:
         env["MLFLOW_RUN_ID"] = mlflow_run_id
-    overrides = [f"{key}={hydra_value(value)}" for key, value in flatten(run.verl)]
+    # keys under verl's free-form HF config overrides are not in its schema: added (or replaced) with ++
+    overrides = [
+        f"{'++' if key.startswith(HF_OVERRIDES) else ''}{key}={hydra_value(value)}"
+        for key, value in flatten(run.verl)
+    ]
     overrides += [f"{key}={hydra_value(value)}" for key, value in derived.items()]
     if run.attention_dropout > 0:
         overrides.append(

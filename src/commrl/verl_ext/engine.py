@@ -9,16 +9,22 @@ variable the engine is the stock engine. One verl trainer step is one tick (meth
   partition when their token budgets agree, as in configs/verl/), the token mask of padded inputs;
 - the reference model (``engine_config.forward_only``) goes through the same codec -- the actor's bases and
   masks, found in this process -- when ``kl_ref_forward == "codec"``, else stays dense;
-- a tick's first mini-batch on a fire tick runs ``controller.fire(dense_replay)``: the replay re-runs
-  ``forward_backward_batch`` with the codec in sketch mode and the GRPO loss at ratio one (old log-probs :=
-  the replay's own detached log-probs), then the optimizer applies ``G_dense``. Further mini-batches of a
-  fire tick (only when ``ppo_mini_batch_size`` < the batch) train dense. Other ticks: compressed passes,
-  ``compress_gradients()`` (PowerSGD on FSDP2's ``DTensor`` shards, sign correction), the optimizer step;
-  with the anchor off, tick 0 first calibrates ``Q`` with a dense sketch pass;
+- a tick's first mini-batch on a fire tick runs ``controller.fire(dense_replay, codec_replay)``: the replay
+  re-runs ``forward_backward_batch`` with the codec in sketch mode and the GRPO loss at ratio one (old
+  log-probs := the replay's own detached log-probs), then the optimizer applies ``G_dense``; with
+  ``method.grad_cosine`` the same replay first runs through the codec (uncounted) for
+  ``anchor/grad_cosine_*``. Further mini-batches of a fire tick (only when ``ppo_mini_batch_size`` < the
+  batch) train dense. Other ticks: compressed passes, ``compress_gradients()`` (PowerSGD on FSDP2's
+  ``DTensor`` shards, sign correction), the optimizer step;
 - the tick ends on the mini-batch that carries ``update_lr_scheduler`` (the trainer step's last):
-  ``controller.end_tick()``; its ``comm/*`` and ``anchor/*`` metrics are returned as one-element lists
-  (verl logs them as ``actor/comm/...``; ``commrl.verl_ext.trainer`` renames them);
+  ``controller.end_tick()``; all of the tick's controller metrics (``comm/*``, ``anchor/*``, ``codec/*``,
+  ``sign_memory/*``) are returned as one-element lists (verl logs them as ``actor/comm/...``;
+  ``commrl.verl_ext.trainer`` renames them);
+- with the anchor off, tick 0's first old-log-prob pass (``infer_batch``) first calibrates ``Q``;
+  with ``method.fast_step=false`` the fast ticks' mini-batches take no optimizer step;
 - the controller's state is saved and loaded with verl's checkpoints (``commrl_controller_rank<r>.pt``).
+- with the anchor on, FSDP2 must reshard every group after its forward (``reshard_after_forward``, verl's
+  default): the fire loads its view into the shards, which only a resharded group gathers again.
 
 A micro-batch's compression session stays open through its backward, so that a layer re-run by gradient
 checkpointing goes through the same codec (same basis, same mask); ``EngineByteLedger`` counts its bytes
@@ -166,6 +172,8 @@ class TwoCircuitEngineMixin:
         if self.engine_config.forward_only:
             self._ref_points = _LazyRefPoints(module)
             return module
+        if self.method.anchor:
+            self._check_reshard(module)
         self.controller = TwoCircuitController(module, self.method, snapshot_device="cpu")
         group = self.get_data_parallel_group() if dist.get_world_size() > 1 else None
         ledger = EngineByteLedger(group, device=_collective_device())
@@ -193,8 +201,29 @@ class TwoCircuitEngineMixin:
                 "PowerSGD does not support; set actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"
             )
 
+    def _check_reshard(self, module) -> None:
+        """The anchor loads its view (stale or projected weights) into the FSDP2 shards; a forward re-gathers
+        them only from resharded groups, so every group must reshard after its forward."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(module, FSDPModule) and not self.engine_config.reshard_after_forward:
+            raise ConfigError(
+                "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False keeps the gathered "
+                "weights after the old-log-prob pass, so the anchor's dense replay would run on the live "
+                "weights, not on the view it loads into the shards (method.md §3); set "
+                "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=True (verl's default) or "
+                "method.anchor=false"
+            )
+
     # -- passes ----------------------------------------------------------------------------------------------
     def infer_batch(self, data, loss_function=None):
+        ctrl = self.controller
+        if ctrl is not None and ctrl.is_calibration_tick():  # anchor off: Q before tick 0's old log-probs
+            self._pass = "sketch"
+            try:
+                ctrl.calibrate(lambda: self.forward_backward_batch(data, None, True))
+            finally:
+                self._pass = None
         self._pass, self._microbatch = "infer", 0
         try:
             return super().infer_batch(data, loss_function)
@@ -257,12 +286,20 @@ class TwoCircuitEngineMixin:
                     self.optimizer_zero_grad()
                     outputs.update(self.forward_backward_batch(data, ratio_one(loss_function)))
 
+                def codec_replay() -> None:  # the same replay through the codec, for anchor/grad_cosine_*
+                    self.optimizer_zero_grad()
+                    self._pass, self._microbatch = "compressed", 0
+                    try:
+                        self.forward_backward_batch(data, ratio_one(loss_function))
+                    finally:
+                        self._pass = "replay"
+
                 self._pass = "replay"
-                extra.update(ctrl.fire(dense_replay))
+                ctrl.fire(dense_replay, codec_replay)
             else:
-                if first and ctrl.is_calibration_tick():
+                if first and ctrl.is_calibration_tick():  # no old-log-prob pass calibrated it
                     self._pass = "sketch"
-                    extra.update(ctrl.calibrate(lambda: self.forward_backward_batch(data, None, True)))
+                    ctrl.calibrate(lambda: self.forward_backward_batch(data, None, True))
                 fired = ctrl.is_fire_tick()
                 self._pass = "dense" if fired else "compressed"
                 self.optimizer_zero_grad()
@@ -274,7 +311,8 @@ class TwoCircuitEngineMixin:
                     ctrl.compress_gradients()
         finally:
             self._pass = None
-        grad_norm = self.optimizer_step()
+        # method.fast_step=false: fast ticks take no optimizer step (the next mini-batch zeroes the grads)
+        grad_norm = self.optimizer_step() if ctrl.is_update_tick() else ctrl.grad_norm()
         if tu.get_non_tensor_data(data=data, key="update_lr_scheduler", default=False):
             extra.update(ctrl.end_tick())
             self._in_tick = False
@@ -331,7 +369,7 @@ class _LazyRefPoints:
         if self.controller is not ctrl:
             if self.points is not None:
                 self.points.remove()
-            self.points, self.controller = CompressionPoints(self.module, ctrl.codec, ctrl.ledger), ctrl
+            self.points, self.controller = ctrl.compression_points(self.module), ctrl
         return self.points.session("compressed", ctrl.tick, microbatch, mask)
 
 

@@ -10,24 +10,41 @@ What it adds to verl's metrics (nothing is renamed away; verl's own names stay):
   ``old_log_probs`` -- verl's own ``training/rollout_probs_diff_*`` and
   ``training/rollout_actor_probs_pearson_corr`` compare *probabilities*; §4 correlates *log-probs*;
 - the method.md §4 names of what verl logs under its own names (``method_metrics``): ``score/mean``,
-  ``comm/*`` and ``anchor/*`` (the engine's, logged by verl as ``actor/comm/...``), ``val/acc``,
-  ``time/step_s``, ``time/sample_s``, ``time/train_s``.
+  ``comm/*``, ``anchor/*``, ``codec/*`` and ``sign_memory/*`` (the engine's, logged by verl as
+  ``actor/comm/...``), ``val/acc``,
+  ``time/step_s``, ``time/sample_s``, ``time/train_s``;
+- ``health/alarm`` each step, from the local driver's ``CollapseMonitor`` (``StepChecks``), whose state is
+  saved beside verl's checkpoints (``global_step_<n>/commrl_health.json``).
+
+Each actor update is also checked for the engine's ``comm/*`` metrics when ``COMMRL_METHOD`` is set: without
+them verl built its stock engine (another device or vendor, ``external_lib`` overridden), which trains
+dense, and the run stops at its first tick. verl's MLflow backend is attached to the run of
+``MLFLOW_RUN_ID`` with ``commrl.run.record.log_config``, so that a resume whose config changed (e.g. more
+ticks) keeps logging instead of losing its MLflow backend to MLflow's immutable params.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import ray
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.utils.metric import reduce_metrics
 
+from commrl.compression.config import ConfigError, MethodConfig
+from commrl.rl.config import HealthConfig
+from commrl.rl.health import CollapseMonitor
 from commrl.rl.mismatch import mismatch_metrics
+from commrl.verl_ext.config import METHOD_ENV, method_from_env
 
 ALIASES = {
     "critic/score/mean": "score/mean",
@@ -35,8 +52,11 @@ ALIASES = {
     "timing_s/gen": "time/sample_s",
     "timing_s/update_actor": "time/train_s",
 }
-ENGINE_PREFIXES = ("comm/", "anchor/")
-VAL_ACC = re.compile(r"val-core/[^/]+/acc/mean@\d+")
+ENGINE_PREFIXES = ("comm/", "anchor/", "codec/", "sign_memory/")
+# verl's core validation metric: val-core/<data_source>/acc/mean@<n>; commrl's data sources hold a slash
+VAL_ACC = re.compile(r"val-core/.+/acc/mean@\d+")
+HEALTH_INPUTS = ("actor/kl_loss", "actor/pg_clipfrac", "mismatch/logprob_corr")  # what CollapseMonitor reads
+HEALTH_FILE = "commrl_health.json"
 
 
 def method_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -57,7 +77,8 @@ def method_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 @contextmanager
 def logging_method_names() -> Iterator[None]:
-    """While active, every ``verl.utils.tracking.Tracking`` logs ``method_metrics`` beside verl's names.
+    """While active, every ``verl.utils.tracking.Tracking`` logs ``method_metrics`` beside verl's names, and
+    attaches its MLflow backend to the run of ``MLFLOW_RUN_ID`` (``attach_mlflow``).
 
     ``RayPPOTrainer.fit`` builds its ``Tracking`` inside and offers no hook on what it logs, so the class is
     swapped for a subclass in this process for the duration of ``fit``.
@@ -67,6 +88,15 @@ def logging_method_names() -> Iterator[None]:
     stock = verl_tracking.Tracking
 
     class MethodNamesTracking(stock):
+        def __init__(self, project_name, experiment_name, default_backend="console", config=None):
+            backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+            run_id = os.environ.get("MLFLOW_RUN_ID") if "mlflow" in backends else None
+            if run_id:
+                backends.remove("mlflow")
+            super().__init__(project_name, experiment_name, backends, config)
+            if run_id:
+                self.logger["mlflow"] = attach_mlflow(run_id, config)
+
         def log(self, data, step, backend=None):
             super().log({**data, **method_metrics(data)}, step, backend)
 
@@ -75,6 +105,28 @@ def logging_method_names() -> Iterator[None]:
         yield
     finally:
         verl_tracking.Tracking = stock
+
+
+def attach_mlflow(run_id: str, config: Mapping[str, Any] | None):
+    """verl's MLflow logging adapter on the existing run ``run_id``, the config logged as verl logs it.
+
+    verl's own set-up calls ``mlflow.log_params``, which fails on a resume whose config changed (MLflow
+    params are immutable) and then drops the backend: the resumed ticks would log nothing.
+    ``commrl.run.record.log_config`` logs the new keys and records the changed ones instead.
+    """
+    import mlflow
+    from verl.utils.tracking import _compute_mlflow_params_from_objects, _MlflowLoggingAdapter
+
+    from commrl import tracking
+    from commrl.run.record import log_config
+
+    uri = tracking.default_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.start_run(run_id=run_id)
+    changed = log_config(run_id, _compute_mlflow_params_from_objects(config), uri)
+    if changed:
+        print(f"commrl: resumed MLflow run {run_id} with changed config keys: {', '.join(sorted(changed))}")
+    return _MlflowLoggingAdapter()
 
 
 def batch_mismatch(batch) -> dict[str, float]:
@@ -86,13 +138,80 @@ def batch_mismatch(batch) -> dict[str, float]:
     return mismatch_metrics(tensors["rollout_log_probs"], tensors["old_log_probs"], tensors["response_mask"])
 
 
+def require_engine_metrics(method: MethodConfig | None, metrics: Mapping[str, Any]) -> None:
+    """Raise ``ConfigError`` when ``COMMRL_METHOD`` is set but the actor update returned no ``comm/*``:
+    verl built its stock engine, which ignores the method (trains dense, counts no bytes)."""
+    if method is None or any(key.startswith("actor/comm/") for key in metrics):
+        return
+    raise ConfigError(
+        f"{METHOD_ENV} asks for codec={method.codec}, grad_codec={method.grad_codec}, "
+        f"anchor={method.anchor}, but the actor's update returned no comm/* metrics: verl built its stock "
+        "engine, which trains dense. "
+        "commrl's engine is registered for device cuda, vendor nvidia (commrl.verl_ext.TwoCircuitFSDPEngine) "
+        "and loaded by actor_rollout_ref.model.external_lib=commrl.verl_ext: train on NVIDIA GPUs, keep "
+        "that external_lib and leave VERL_ENGINE_DEVICE / VERL_ENGINE_VENDOR unset"
+    )
+
+
+class StepChecks:
+    """What the trainer checks and adds after each actor update: the engine guard and ``health/alarm``."""
+
+    def __init__(self, method: MethodConfig | None, health: HealthConfig) -> None:
+        self.method = method
+        self.monitor = CollapseMonitor(health)
+
+    def after_update(self, metrics: dict[str, Any], step: int) -> None:
+        """Check ``metrics`` (the update's, verl's names) and add ``health/alarm`` to them."""
+        require_engine_metrics(self.method, metrics)
+        inputs = reduce_metrics({key: metrics[key] for key in HEALTH_INPUTS if key in metrics})
+        reasons = self.monitor.update({key: float(value) for key, value in inputs.items()})
+        metrics["health/alarm"] = float(bool(reasons))
+        if reasons:
+            print(f"commrl: collapse alarm at step {step}: {'; '.join(reasons)}", file=sys.stderr)
+
+    def save(self, folder: Path) -> None:
+        """The monitor's state into ``folder/commrl_health.json`` (through a temporary file)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{HEALTH_FILE}.tmp"
+        tmp.write_text(json.dumps(self.monitor.state_dict()))
+        os.replace(tmp, folder / HEALTH_FILE)
+
+    def load(self, folder: Path) -> None:
+        """The monitor's state from ``folder/commrl_health.json``; a fresh window when the file is missing."""
+        path = folder / HEALTH_FILE
+        if path.exists():
+            self.monitor.load_state_dict(json.loads(path.read_text()))
+        else:
+            print(f"commrl: {path} is missing; the collapse monitor starts a fresh window", file=sys.stderr)
+
+
 class CommrlPPOTrainer(RayPPOTrainer):
-    """``RayPPOTrainer`` that logs ``mismatch/*`` and the method.md §4 names."""
+    """``RayPPOTrainer`` that logs ``mismatch/*``, ``health/alarm`` and the method.md §4 names."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.checks = StepChecks(method_from_env(), HealthConfig())
 
     def _update_actor(self, batch):
         output = super()._update_actor(batch)
-        output.meta_info["metrics"].update(batch_mismatch(batch))
+        metrics = output.meta_info["metrics"]
+        metrics.update(batch_mismatch(batch))
+        self.checks.after_update(metrics, self.global_steps)
         return output
+
+    def _step_folder(self) -> Path:
+        """``<default_local_dir>/global_step_<n>``: where verl saves (and resumes) this step's checkpoint."""
+        return Path(self.config.trainer.default_local_dir).absolute() / f"global_step_{self.global_steps}"
+
+    def _save_checkpoint(self):
+        self.checks.save(self._step_folder())  # before verl's tracker file names the folder
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        out = super()._load_checkpoint()
+        if self.global_steps > 0:
+            self.checks.load(self._step_folder())
+        return out
 
     def fit(self):
         with logging_method_names():

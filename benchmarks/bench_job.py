@@ -1,0 +1,112 @@
+"""Where one training job's wall time goes: start-up (interpreter and imports, model build, sampler build),
+sampling, training, weight push, validation, checkpoints and tracking, as shares of the job's wall time.
+
+Each arm is one `commrl train` process, as a Snakemake training job runs it (one thread, its own MLflow
+store under the output folder, never results/mlflow.db); the trainer writes its phase seconds into
+``summary.json`` (``time_s``, commrl.rl.timing) and the rest of the wall time is the interpreter's start and
+the imports. Arms alternate, so a busy machine slows both alike; the ratio is of medians.
+
+    .venv/bin/python benchmarks/bench_job.py                           # the tiny pair's default, 2 repeats
+    .venv/bin/python benchmarks/bench_job.py --arm vllm=sampler.backend=vllm --arm hf=sampler.backend=hf
+    .venv/bin/python benchmarks/bench_job.py --condition dense --repeat 3 --out results/benchmarks/job.json
+
+Needs the tiny base model and the toy data:
+`snakemake --cores 2 results/models/tiny-base/base_accuracy.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+START_UP = "start_up"  # interpreter start and imports: the job's wall time the trainer did not measure
+
+
+def run_job(overrides: list[str], condition: str, out: Path) -> dict[str, float]:
+    """One `commrl train` process; its phase seconds plus ``start_up`` and ``wall``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "commrl.cli.main",
+        "train",
+        "pair=tiny",
+        f"condition={condition}",
+        "seed=0",
+        f"out_dir={out}",
+        "threads=1",
+        f"tracking.uri=sqlite:///{out.parent / 'mlflow.db'}",
+        *overrides,
+    ]
+    env = {**os.environ, "COMMRL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    phases = json.loads((out / "summary.json").read_text())["time_s"]
+    return {START_UP: wall - sum(phases.values()), **phases, "wall": wall}
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def print_table(arms: dict[str, dict[str, float]]) -> None:
+    names = list(arms)
+    keys = [k for k in next(iter(arms.values())) if k != "wall"]
+    print(f"{'phase':<14}" + "".join(f"{n + ' s':>12}{'share':>8}" for n in names))
+    for key in [*keys, "wall"]:
+        cells = "".join(f"{arms[n][key]:>12.2f}{arms[n][key] / arms[n]['wall']:>8.0%}" for n in names)
+        print(f"{key:<14}{cells}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=None,
+        help="NAME=override[,override...] (default: one arm, the pair's defaults)",
+    )
+    parser.add_argument("--condition", default="method")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per arm (median)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON of every run and the medians")
+    args = parser.parse_args(argv)
+    arms = {"default": []}
+    if args.arm:
+        arms = {}
+        for spec in args.arm:
+            name, _, overrides = spec.partition("=")
+            arms[name] = [o for o in overrides.split(",") if o]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
+    with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp:
+        for k in range(args.repeat):
+            for name, overrides in arms.items():
+                out = Path(tmp) / f"{name}-{k}" / "run"
+                runs[name].append(run_job(overrides, args.condition, out))
+                print(f"[{name} #{k}] wall {runs[name][-1]['wall']:.1f} s", file=sys.stderr)
+    table = {name: medians(r) for name, r in runs.items()}
+    print(f"{args.condition}, tiny pair, one thread, medians of {args.repeat} run(s) per arm:")
+    print_table(table)
+    if len(table) > 1:
+        first, *rest = table
+        for name in rest:
+            print(f"wall {name} / {first}: {table[name]['wall'] / table[first]['wall']:.3f}x")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"arms": arms, "runs": runs, "medians": table}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

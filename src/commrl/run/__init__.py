@@ -1,0 +1,7 @@
+"""One training run's bookkeeping, written once and read by both drivers, the sweep, eval and the report.
+
+- ``hooks``: ``StopTraining`` and ``TrainCallbacks``, what code that drives training (the sweep) hooks into;
+- ``record``: the MLflow run (open or resume, full tag set, config params, finish) and ``DIR/mlflow_run_id``;
+- ``summary``: ``DIR/summary.json`` (ticks asked and trained, the read point, the final model, val/acc),
+  one schema with one writer and one reader.
+"""
