@@ -69,6 +69,30 @@ def pair_a_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
         "comm/bytes_cumulative": {t: (1000.0 if dense_like else 100.0) * (t + 1) for t in TICKS},
         "comm/ratio_vs_dense": const(1.0 if dense_like else 0.1),
         "val/acc": dict(zip(VAL_TICKS, val, strict=True)),
+        **(network_series(condition, seed) if condition in NETWORK_BYTES else {}),
+    }
+
+
+# commrl.netmodel's inputs, at a scale where communication matters (independent of comm/bytes_total
+# above): condition -> (activations, weights) bytes per tick; the method's basis refresh on ticks 0, 20, 40,
+# 60; train and sample seconds per tick.
+NETWORK_BYTES = {"dense": (8e8, 2e8), "method": (8e7, 2e7)}
+BASIS_BYTES, TRAIN_S, SAMPLE_S = 5e6, 0.5, 0.2
+
+
+def network_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
+    """``comm/bytes_activations`` (basis included), ``comm/bytes_basis_refresh``, ``comm/bytes_weights``
+    and ``time/train_s`` (dense ``TRAIN_S``, the method 10% more; seed ``k`` adds ``0.01 (k - 1)``),
+    ``time/sample_s``: constant per tick, the same in every seed but for the train time."""
+    activations, weights = NETWORK_BYTES[condition]
+    basis = {t: (BASIS_BYTES if condition == "method" and t % 20 == 0 else 0.0) for t in TICKS}
+    train = TRAIN_S * (1.1 if condition == "method" else 1.0) + 0.01 * (seed - 1)
+    return {
+        "comm/bytes_activations": {t: activations + b for t, b in basis.items()},
+        "comm/bytes_basis_refresh": basis,
+        "comm/bytes_weights": const(weights),
+        "time/train_s": const(train),
+        "time/sample_s": const(SAMPLE_S),
     }
 
 

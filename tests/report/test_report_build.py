@@ -142,7 +142,7 @@ def test_markdown_cells_read_mean_plus_minus_half_width_with_n_and_explain_the_r
         "Seeds per condition (training runs): dense n=3, method n=3, anchor_off n=1, method_same_sampler n=2"
         in md
     )
-    assert "Claims: 3 PASS, 1 MISS, 2 INCONCLUSIVE, 5 n/a." in md
+    assert "Claims: 3 PASS, 1 MISS, 2 INCONCLUSIVE, 6 n/a." in md
     scores = mean_interval([0.69, 0.70, 0.71])  # dense's score at tick 50 over its seeds (pair A)
     assert f"| 0.7 ± {scores.half_width:.2g} (n=3) |" in md
     assert "| 0.3 (n=1) |" in md  # anchor_off in pair B: one seed, no interval
@@ -150,7 +150,7 @@ def test_markdown_cells_read_mean_plus_minus_half_width_with_n_and_explain_the_r
 
 def test_claims_are_decided_on_the_seed_intervals_as_designed(built):
     status = {pair: {c.number: c.status for c in claims} for pair, claims in built.claims.items()}
-    assert status["A"] == {**{n: "PASS" for n in range(1, 12)}, 10: "n/a"}
+    assert status["A"] == {**{n: "PASS" for n in range(1, 12)}, 10: "n/a", 12: "n/a"}  # no anchor_only
     assert status["B"] == {
         1: "PASS",
         2: "MISS",
@@ -163,6 +163,7 @@ def test_claims_are_decided_on_the_seed_intervals_as_designed(built):
         9: "n/a",
         10: "INCONCLUSIVE",  # two seeds, 0.45 and 0.55: the interval straddles 0.99
         11: "n/a",
+        12: "n/a",
     }
     claims_b = {c.number: c for c in built.claims["B"]}
     assert "n=1 vs 3: no interval" in claims_b[3].reason and claims_b[3].interval.low is None

@@ -110,7 +110,7 @@ def test_the_report_has_the_figures_and_the_claims(pipeline):
         with Image.open(png) as img:
             assert img.format == "PNG" and img.size[0] > 300
     claims = json.loads((report / "claims.json").read_text())
-    assert len(claims["pairs"]["tiny"]) == 11
+    assert len(claims["pairs"]["tiny"]) == 12
     assert {c["status"] for c in claims["pairs"]["tiny"]} <= {"INCONCLUSIVE", "n/a"}  # one seed: no interval
     assert "Claims" in (report / "report.md").read_text()
 

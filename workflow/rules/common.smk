@@ -297,3 +297,9 @@ def check_config():
     for name, cfg in config["datasets"].items():
         if "exclude" in cfg and cfg["exclude"] not in config["datasets"]:
             raise WorkflowError(f"datasets.{name}.exclude: {cfg['exclude']!r} is not in `datasets`; add it")
+
+
+def netmodel_configs():
+    """The network-model configs (configs/netmodel/pair_<pair>.yaml) of the config's pairs that have one."""
+    paths = [f"configs/netmodel/pair_{pair}.yaml" for pair in config["pairs"]]
+    return [path for path in paths if os.path.exists(path)]

@@ -1,5 +1,6 @@
 # The note's figures and tables from the MLflow store (`commrl report`), after every
-# run, evaluation and sweep of the config. The figure list depends on which runs exist, so the output is a
+# run, evaluation and sweep of the config, with the network model's section (configs/netmodel/). The figure
+# list depends on which runs exist, so the output is a
 # directory whose files `snakemake --report` picks up by pattern.
 
 
@@ -8,6 +9,7 @@ rule report:
         evals=all_evals(),
         runs=all_summaries(),
         sweeps=all_sweeps(),
+        netmodel=netmodel_configs(),
     output:
         report(
             directory("results/report"),
@@ -28,4 +30,4 @@ rule report:
     conda:
         env("cpu")
     shell:
-        "commrl report {params.pairs} --out {output} > {log} 2>&1"
+        "commrl report {params.pairs} --netmodel configs/netmodel --out {output} > {log} 2>&1"

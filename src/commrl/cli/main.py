@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("commrl.cli.eval", "evaluate one checkpoint on one benchmark with lm-eval"),
     "sweep": ("commrl.cli.sweep", "Optuna sweeps: init, worker, summary"),
     "report": ("commrl.cli.report", "the note's figures and tables from the MLflow store"),
+    "netmodel": ("commrl.cli.netmodel", "from bytes to seconds: tick time and time to target on a link"),
 }
 
 

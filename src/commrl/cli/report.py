@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default="results/report", help="output directory (replaced as a whole)")
     parser.add_argument(
+        "--netmodel",
+        default=None,
+        metavar="DIR",
+        help="also draw the network section (tick time against bandwidth, time to target) from "
+        "DIR/pair_*.yaml, e.g. configs/netmodel",
+    )
+    parser.add_argument(
         "--threshold",
         action="append",
         type=_threshold,
@@ -40,12 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from commrl.netmodel import NetModelError
     from commrl.report import ClaimThresholds, ReportInputError, build_report
+    from commrl.report.network import NetworkOptions
 
     try:
         thresholds = ClaimThresholds.with_overrides(dict(args.threshold))
-        result = build_report(args.pair, args.out, tracking_uri=args.tracking_uri, thresholds=thresholds)
-    except ReportInputError as err:
+        network = NetworkOptions.from_dir(args.netmodel) if args.netmodel else None
+        result = build_report(
+            args.pair, args.out, tracking_uri=args.tracking_uri, thresholds=thresholds, network=network
+        )
+    except (ReportInputError, NetModelError) as err:
         print(f"commrl report: {err}", file=sys.stderr)
         return 2
     drawn = sum(f.drawn for f in result.figures)

@@ -2,9 +2,11 @@
 
 Outputs in ``out_dir``: the figures (``figNN_<what>_<pair>.png``), ``report.md``, ``report.html``,
 ``tables.json``, ``claims.json`` and ``captions.json`` (figure file -> caption, for Snakemake's
-``report()``). Everything is written in a temporary sibling directory, logged as the artifacts of a run
-``kind=report`` in experiment ``commrl/report``, and only then swapped in place of ``out_dir``: a failed
-report leaves the previous one (or nothing) behind, never a half-written one.
+``report()``). With ``network`` (``commrl.report.network.NetworkOptions``) the report adds the network
+model's section, "from bytes to seconds" (its figures, ``tables.json``'s ``network``). Everything is
+written in a temporary sibling directory, logged as the artifacts of a run ``kind=report`` in experiment
+``commrl/report``, and only then swapped in place of ``out_dir``: a failed report leaves the previous one
+(or nothing) behind, never a half-written one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -28,6 +30,9 @@ from commrl.report.runs import REPORT_EXPERIMENT, PairRuns, ReportInputError, li
 from commrl.report.style import condition_colours, order_conditions
 from commrl.report.tables import Table, pair_tables
 from commrl.staging import staged_dir
+
+if TYPE_CHECKING:
+    from commrl.report.network import NetworkOptions, NetworkSection
 
 TITLE = "commrl report: the note's figures and tables from tracked runs"
 REPORT_FILES = ("report.md", "report.html", "tables.json", "claims.json", "captions.json")
@@ -42,6 +47,7 @@ class ReportResult:
     tables: dict[str, list[Table]]
     claims: dict[str, list[Claim]]
     notes: list[str] = field(default_factory=list)
+    network: list[NetworkSection] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:
@@ -54,8 +60,10 @@ def build_report(
     out_dir: str | Path,
     tracking_uri: str | None = None,
     thresholds: ClaimThresholds | None = None,
+    network: NetworkOptions | None = None,
 ) -> ReportResult:
-    """The report of ``pairs`` (every ``commrl/<pair>`` experiment when empty) written to ``out_dir``."""
+    """The report of ``pairs`` (every ``commrl/<pair>`` experiment when empty) written to ``out_dir``;
+    with ``network``, also the network model's section."""
     uri = tracking_uri or tracking.default_tracking_uri()
     out = Path(out_dir).resolve()
     _check_out_dir(out)
@@ -75,7 +83,7 @@ def build_report(
     )
     try:
         with staged_dir(out) as stage:
-            result = _write(loaded, stage, uri, run.info.run_id, thresholds)
+            result = _write(loaded, stage, uri, run.info.run_id, thresholds, network)
             client.log_artifacts(run.info.run_id, str(stage))
             _log_claim_counts(client, run.info.run_id, result.claims)
     except BaseException:
@@ -95,7 +103,12 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _write(
-    loaded: list[PairRuns], tmp: Path, uri: str, run_id: str, thresholds: ClaimThresholds
+    loaded: list[PairRuns],
+    tmp: Path,
+    uri: str,
+    run_id: str,
+    thresholds: ClaimThresholds,
+    network: NetworkOptions | None = None,
 ) -> ReportResult:
     colours = condition_colours({c for runs in loaded for c in runs.conditions()})
     sections, notes = [], []
@@ -118,13 +131,19 @@ def _write(
                 figures,
             )
         )
+    network_sections: list[NetworkSection] = []
+    if network is not None:
+        from commrl.report.network import network_sections as draw_network
+
+        network_sections, network_notes = draw_network(loaded, network, uri, tmp, colours)
+        notes += network_notes
     header = [
         f"generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} from {uri}",
         f"pairs: {', '.join(r.pair for r in loaded)}; MLflow run {run_id} in experiment {REPORT_EXPERIMENT}",
         f"commit {tracking.git_commit()}",
     ]
-    (tmp / "report.md").write_text(to_markdown(TITLE, header, notes, sections))
-    (tmp / "report.html").write_text(to_html(TITLE, header, notes, sections, tmp))
+    (tmp / "report.md").write_text(to_markdown(TITLE, header, notes, sections, network_sections))
+    (tmp / "report.html").write_text(to_html(TITLE, header, notes, sections, tmp, network_sections))
     _dump(
         tmp / "tables.json",
         {
@@ -139,6 +158,7 @@ def _write(
                 }
                 for s in sections
             },
+            **({"network": {n.key: n.as_dict() for n in network_sections}} if network is not None else {}),
         },
     )
     _dump(
@@ -148,7 +168,7 @@ def _write(
             "pairs": {s.pair: [c.as_dict() for c in s.claims] for s in sections},
         },
     )
-    all_figures = [f for s in sections for f in s.figures]
+    all_figures = [f for s in sections for f in s.figures] + [f for n in network_sections for f in n.figures]
     captions = {f.file: f"{f.title} (pair {f.pair}). {f.caption}" for f in all_figures if f.drawn}
     _dump(tmp / "captions.json", captions)
     return ReportResult(
@@ -159,6 +179,7 @@ def _write(
         tables={s.pair: s.tables for s in sections},
         claims={s.pair: s.claims for s in sections},
         notes=notes,
+        network=network_sections,
     )
 
 

@@ -45,6 +45,7 @@ class ClaimThresholds:
     method_min_async_clip: float = 0.2
     same_sampler_min_corr: float = 0.99
     val_max_gap: float = 0.05
+    method_min_gain_over_anchor_only: float = 0.0
 
     @classmethod
     def with_overrides(cls, overrides: dict[str, float]) -> ClaimThresholds:
@@ -331,6 +332,22 @@ def _validation(runs: PairRuns, t: ClaimThresholds) -> Result:
     return (check("best val method - dense", diff, "within", t.val_max_gap),), text, values
 
 
+def _beats_anchor_only(runs: PairRuns, t: ClaimThresholds) -> Result:
+    """val/acc at the read tick, method - anchor_only (the method with no step between fires), by seed."""
+    (vm, tm), (va, ta) = _read(runs, "method", "val/acc"), _read(runs, "anchor_only", "val/acc")
+    diff = stats.difference_interval(vm, va)
+    text = (
+        f"method {_mean(vm):.3f} (tick {_ticks(tm)}) vs anchor_only {_mean(va):.3f} (tick {_ticks(ta)}); "
+        f"diff {format_interval(diff)}"
+    )
+    values = {"method": _mean(vm), "anchor_only": _mean(va), "diff": diff.estimate}
+    return (
+        (check("val method - anchor_only", diff, "at_least", t.method_min_gain_over_anchor_only),),
+        text,
+        values,
+    )
+
+
 Evaluate = Callable[[PairRuns, ClaimThresholds], Result]
 # (claim, the note's value, threshold text from the thresholds, evaluation)
 CLAIMS: tuple[tuple[str, str, Callable[[ClaimThresholds], str], Evaluate], ...] = (
@@ -394,6 +411,12 @@ CLAIMS: tuple[tuple[str, str, Callable[[ClaimThresholds], str], Evaluate], ...] 
         "MATH500 0.679 method vs 0.674 dense at tick 100",
         lambda t: f"|best val method - best val dense| <= {t.val_max_gap}",
         _validation,
+    ),
+    (
+        "the compressed circuit learns: method beats anchor_only",
+        "not in the note (a control: the anchor's dense updates alone)",
+        lambda t: f"val method - val anchor_only at read > {t.method_min_gain_over_anchor_only:g}",
+        _beats_anchor_only,
     ),
 )
 

@@ -275,6 +275,30 @@ def clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> Figur
     )
 
 
+def diagnostics_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    return _lines(
+        runs,
+        colours,
+        out_dir,
+        number=11,
+        slug="diagnostics",
+        title="The fast circuit's diagnostics",
+        caption="At each fire tick: cosine of the fast circuit's update with the dense gradient on the same "
+        "batch at the same weights, before (anchor/grad_cosine_raw) and after (anchor/grad_cosine_corrected) "
+        "sign correction, and the share of activation energy the bases keep (codec/energy_captured); on "
+        "fast ticks, the fraction of elements where sign(G_corr) = sign(M) (sign_memory/agreement; 1 for "
+        "every alpha < 0.5). Not in the note (docs/method.md §4).",
+        panels=[
+            Panel("anchor/grad_cosine_raw", "cosine, before sign correction", "cos(update, G_dense)"),
+            Panel("anchor/grad_cosine_corrected", "cosine, after sign correction", "cos(update, G_dense)"),
+            Panel("codec/energy_captured", "activation energy kept", "||AQ||^2 / ||A||^2"),
+            Panel("sign_memory/agreement", "sign agreement with M", "fraction of elements"),
+        ],
+        expected=("method",),
+        markers=True,
+    )
+
+
 def _whiskers(intervals: list[Interval | None]) -> tuple[np.ndarray, np.ndarray]:
     """Bar heights (the estimates, NaN where None) and ``yerr`` rows ``[mean - low, high - mean]`` (0 where
     there is no interval)."""
@@ -377,4 +401,5 @@ FIGURES: tuple[FigureFn, ...] = (
     best_validation_figure,
     async_clip_figure,
     clip_figure,
+    diagnostics_figure,
 )

@@ -1,21 +1,27 @@
 """``report.md`` (figures by relative path) and a self-contained ``report.html`` (figures inlined, base64).
 
 Both open with how to read the numbers (``reading_guide``: the interval method and the verdict rule, once)
-and state the seeds per condition of every pair.
+and state the seeds per condition of every pair; the network model's sections (``commrl.report.network``),
+when there are any, follow the pairs.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from commrl.report.claims import STATUSES, Claim
 from commrl.report.figures import FigureResult
 from commrl.report.stats import BOOTSTRAP_SEED, CONFIDENCE, MIN_BOOTSTRAP_N, N_RESAMPLES, Interval
 from commrl.report.style import format_interval, format_number
 from commrl.report.tables import Cell, Table
+
+if TYPE_CHECKING:
+    from commrl.report.network import NetworkSection
 
 CLAIM_COLUMNS = ["#", "claim", "the note", "threshold", "this run (seed means, 95% CI)", "status", "why"]
 CSS = """
@@ -98,7 +104,42 @@ def _md_table(columns: list[str], rows: list[list[Cell]]) -> str:
     return "\n".join(lines)
 
 
-def to_markdown(title: str, header: list[str], notes: list[str], sections: list[PairSection]) -> str:
+def _md_tables(tables: list[Table]) -> list[str]:
+    out = []
+    for t in tables:
+        out += [f"#### {t.title}", ""]
+        out += [f"> {t.note}", ""] if t.note else [_md_table(t.columns, t.rows), ""]
+    return out
+
+
+def _md_figures(figures: list[FigureResult]) -> list[str]:
+    out = []
+    for f in figures:
+        if f.drawn:
+            image = f"![{f.title} (pair {f.pair})]({f.file})"
+            out += [f"#### Figure {f.number}: {f.title}", "", image, "", f"*{f.caption}*", ""]
+        out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
+    return out
+
+
+def _md_network(network: Sequence[NetworkSection]) -> list[str]:
+    from commrl.report.network import MODEL_GUIDE
+
+    out = ["## From bytes to seconds: the network model", "", MODEL_GUIDE, ""]
+    for n in network:
+        out += [f"### Pair {n.title}", "", n.summary, "", *(f"> {note}" for note in n.notes)]
+        out += [""] if n.notes else []
+        out += _md_tables(n.tables) + _md_figures(n.figures)
+    return out
+
+
+def to_markdown(
+    title: str,
+    header: list[str],
+    notes: list[str],
+    sections: list[PairSection],
+    network: Sequence[NetworkSection] = (),
+) -> str:
     out = [f"# {title}", "", *(f"- {h}" for h in header), ""]
     out += ["## How to read the numbers", "", *(p for para in reading_guide() for p in (para, ""))]
     if notes:
@@ -116,15 +157,11 @@ def to_markdown(title: str, header: list[str], notes: list[str], sections: list[
             "### Tables",
             "",
         ]
-        for t in s.tables:
-            out += [f"#### {t.title}", ""]
-            out += [f"> {t.note}", ""] if t.note else [_md_table(t.columns, t.rows), ""]
+        out += _md_tables(s.tables)
         out += ["### Figures", ""]
-        for f in s.figures:
-            if f.drawn:
-                image = f"![{f.title} (pair {f.pair})]({f.file})"
-                out += [f"#### Figure {f.number}: {f.title}", "", image, "", f"*{f.caption}*", ""]
-            out += [f"> {n}" for n in f.notes] + ([""] if f.notes else [])
+        out += _md_figures(s.figures)
+    if network:
+        out += _md_network(network)
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -146,8 +183,47 @@ def _img(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+def _html_tables(tables: list[Table]) -> list[str]:
+    out = []
+    for t in tables:
+        out.append(f"<h4>{html.escape(t.title)}</h4>")
+        out.append(f'<p class="note">{html.escape(t.note)}</p>' if t.note else _html_table(t.columns, t.rows))
+    return out
+
+
+def _html_figures(figures: list[FigureResult], figure_dir: Path) -> list[str]:
+    e = html.escape
+    out = []
+    for f in figures:
+        if f.drawn:
+            out.append(
+                f"<figure><h4>Figure {f.number}: {e(f.title)}</h4>"
+                f"<img src='{_img(figure_dir / f.file)}' alt='{e(f.title)} (pair {e(f.pair)})'>"
+                f"<figcaption>{e(f.caption)}</figcaption></figure>"
+            )
+        out += [f'<p class="note">{e(n)}</p>' for n in f.notes]
+    return out
+
+
+def _html_network(network: Sequence[NetworkSection], figure_dir: Path) -> list[str]:
+    from commrl.report.network import MODEL_GUIDE
+
+    e = html.escape
+    out = [f"<h2>From bytes to seconds: the network model</h2><p>{e(MODEL_GUIDE)}</p>"]
+    for n in network:
+        out.append(f"<h3>Pair {e(n.title)}</h3><p>{e(n.summary)}</p>")
+        out += [f'<p class="note">{e(note)}</p>' for note in n.notes]
+        out += _html_tables(n.tables) + _html_figures(n.figures, figure_dir)
+    return out
+
+
 def to_html(
-    title: str, header: list[str], notes: list[str], sections: list[PairSection], figure_dir: Path
+    title: str,
+    header: list[str],
+    notes: list[str],
+    sections: list[PairSection],
+    figure_dir: Path,
+    network: Sequence[NetworkSection] = (),
 ) -> str:
     """The same document as ``to_markdown``, with every figure read from ``figure_dir`` and inlined."""
     e = html.escape
@@ -165,17 +241,10 @@ def to_html(
             _html_table(CLAIM_COLUMNS, _claim_rows(s.claims), status_column=CLAIM_COLUMNS.index("status"))
         )
         out.append("<h3>Tables</h3>")
-        for t in s.tables:
-            out.append(f"<h4>{e(t.title)}</h4>")
-            out.append(f'<p class="note">{e(t.note)}</p>' if t.note else _html_table(t.columns, t.rows))
+        out += _html_tables(s.tables)
         out.append("<h3>Figures</h3>")
-        for f in s.figures:
-            if f.drawn:
-                out.append(
-                    f"<figure><h4>Figure {f.number}: {e(f.title)}</h4>"
-                    f"<img src='{_img(figure_dir / f.file)}' alt='{e(f.title)} (pair {e(f.pair)})'>"
-                    f"<figcaption>{e(f.caption)}</figcaption></figure>"
-                )
-            out += [f'<p class="note">{e(n)}</p>' for n in f.notes]
+        out += _html_figures(s.figures, figure_dir)
+    if network:
+        out += _html_network(network, figure_dir)
     out.append("</body></html>")
     return "\n".join(out) + "\n"

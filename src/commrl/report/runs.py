@@ -49,6 +49,10 @@ TRAIN_METRICS: tuple[str, ...] = (
     "comm/ratio_vs_dense",
     "val/acc",
     "time/step_s",
+    "anchor/grad_cosine_raw",
+    "anchor/grad_cosine_corrected",
+    "codec/energy_captured",
+    "sign_memory/agreement",
 )
 
 

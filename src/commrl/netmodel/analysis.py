@@ -1,0 +1,242 @@
+"""From bytes to seconds for one pair: tick times at each link, the crossover bandwidth, time to target.
+
+Per seed ``s`` and link: the mean tick time ``T_bar_s = (1/n) sum_t T_s(t)`` and the time to target
+(``commrl.netmodel.target``); over seeds, the mean and its interval (``commrl.report.stats``: t below 20
+seeds, BCa from 20) and the speed-up ``mean(dense) / mean(compressed)`` (Fieller's interval, paired by seed
+when both conditions have the same seeds). A seed that never reaches the target is counted as such and
+left out of the interval. Analytic inputs are one deterministic schedule shared by every validated seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from commrl.netmodel.cost import Crossover, crossover_bandwidth
+from commrl.netmodel.inputs import TickInputs
+from commrl.netmodel.links import Layout, Link, NetModelError
+from commrl.netmodel.target import Reach, Target, dense_target, first_reach, time_to_target
+from commrl.report.runs import Series
+from commrl.report.stats import Interval, mean_interval, ratio_interval
+
+DENSE = "dense"
+ANALYTIC_SEED = "analytic"  # the seed key of analytic inputs: one schedule for every validated seed
+BOUNDS = {False: "no overlap", True: "full overlap"}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The bandwidth sweep of the figure and the crossover: ``[low_gbps, high_gbps]`` at ``latency_us``;
+    the method pays where it saves at least ``tolerance`` of dense's tick time."""
+
+    low_gbps: float = 0.1
+    high_gbps: float = 400.0
+    latency_us: float = 5.0
+    tolerance: float = 0.01
+
+    def __post_init__(self) -> None:
+        Link("sweep", self.low_gbps, self.latency_us)  # validates bandwidth and latency
+        if not self.low_gbps < self.high_gbps:
+            raise NetModelError(
+                "sweep.high_gbps",
+                f"sweep.high_gbps={self.high_gbps!r} must exceed sweep.low_gbps={self.low_gbps!r}",
+            )
+        if not 0 <= self.tolerance < 1:
+            raise NetModelError("sweep.tolerance", f"sweep.tolerance={self.tolerance!r} must be in [0, 1)")
+
+    def bandwidths(self, n: int = 120) -> np.ndarray:
+        return np.geomspace(self.low_gbps, self.high_gbps, n)
+
+    def link(self, gbps: float) -> Link:
+        return Link(f"{gbps:g} Gbit/s", gbps, self.latency_us, "sweep")
+
+
+@dataclass(frozen=True)
+class PairInputs:
+    """Everything the model needs about a pair: per condition and seed the tick inputs, per condition and
+    seed ``val/acc``, the layout, where bytes and compute come from (``source``: ``runs`` or ``analytic``;
+    ``compute_note`` says what the compute times are) and notes."""
+
+    pair: str
+    source: str
+    layout: Layout
+    compressed: str
+    ticks: Mapping[str, Mapping[str, TickInputs]]
+    val: Mapping[str, Mapping[str, Series]]
+    compute_known: bool
+    compute_note: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def conditions(self) -> tuple[str, str]:
+        return DENSE, self.compressed
+
+    @property
+    def label(self) -> str:
+        return f"{self.pair} ({'tracked runs' if self.source == 'runs' else 'analytic ledger'})"
+
+    def tick_inputs(self, condition: str, seed: str) -> TickInputs | None:
+        """The seed's inputs; with analytic inputs, the one schedule of the condition."""
+        per = self.ticks.get(condition, {})
+        return per.get(seed, per.get(ANALYTIC_SEED))
+
+    def with_train_s(self, seconds: float) -> PairInputs:
+        """The same bytes with ``train_s = seconds`` and no sampling at every tick of both conditions."""
+        ticks = {
+            c: {
+                s: replace(t, train_s=np.full(len(t), seconds), sample_s=np.zeros(len(t)))
+                for s, t in per.items()
+            }
+            for c, per in self.ticks.items()
+        }
+        return replace(self, ticks=ticks, compute_known=True)
+
+
+def seed_means(pi: PairInputs, condition: str, link: Link, overlap: bool | None) -> dict[str, float]:
+    """``seed -> (1/n) sum_t T_s(t)``; ``overlap=None`` gives the communication time alone."""
+    out = {}
+    for seed, inputs in pi.ticks.get(condition, {}).items():
+        comm = inputs.comm(pi.layout, link).total
+        values = comm if overlap is None else inputs.tick_times(pi.layout, link, overlap)
+        out[seed] = float(np.mean(values))
+    return out
+
+
+def seed_mean(pi: PairInputs, condition: str, link: Link, overlap: bool | None) -> float:
+    """``(1/|S|) sum_s T_bar_s``: the seed mean of ``seed_means``."""
+    return float(np.mean(list(seed_means(pi, condition, link, overlap).values())))
+
+
+def mean_curve(
+    pi: PairInputs, condition: str, sweep: Sweep, overlap: bool | None, n: int = 120
+) -> np.ndarray:
+    """``seed_mean`` at each bandwidth of ``sweep.bandwidths(n)``."""
+    return np.array([seed_mean(pi, condition, sweep.link(b), overlap) for b in sweep.bandwidths(n)])
+
+
+def crossover(pi: PairInputs, sweep: Sweep, overlap: bool) -> Crossover:
+    """``crossover_bandwidth`` of the seed means of the two conditions' mean tick times."""
+
+    def at(condition: str) -> Callable[[float], float]:
+        return lambda gbps: seed_mean(pi, condition, sweep.link(gbps), overlap)
+
+    return crossover_bandwidth(at(DENSE), at(pi.compressed), sweep.low_gbps, sweep.high_gbps, sweep.tolerance)
+
+
+@dataclass(frozen=True)
+class TargetTimes:
+    """One condition at one link and bound: each validated seed's ``Reach``."""
+
+    condition: str
+    reaches: dict[str, Reach]
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """``seed -> seconds`` of the seeds that reached the target."""
+        return {s: r.seconds for s, r in self.reaches.items() if r.seconds is not None}
+
+    @property
+    def never(self) -> list[str]:
+        return [s for s, r in self.reaches.items() if not r.reached]
+
+    def interval(self) -> Interval | None:
+        """The seed mean and interval of the seconds to target over the seeds that reached it."""
+        seconds = list(self.seconds.values())
+        return mean_interval(seconds) if seconds else None
+
+    def reached_text(self) -> str:
+        return f"{len(self.seconds)}/{len(self.reaches)}"
+
+
+def times_to_target(pi: PairInputs, condition: str, link: Link, overlap: bool, target: Target) -> TargetTimes:
+    reaches = {}
+    for seed, val in pi.val.get(condition, {}).items():
+        inputs = pi.tick_inputs(condition, seed)
+        if inputs is None:
+            continue
+        tick_s = inputs.tick_times(pi.layout, link, overlap)
+        reaches[seed] = time_to_target(val, inputs.steps, tick_s, target.accuracy)
+    return TargetTimes(condition, reaches)
+
+
+def _speedup(dense: Mapping[str, float], compressed: Mapping[str, float]) -> Interval | None:
+    """``mean(dense) / mean(compressed)`` over seeds (``ratio_interval``); None when a side is empty."""
+    return ratio_interval(dense, compressed) if dense and compressed else None
+
+
+@dataclass(frozen=True)
+class LinkRow:
+    """One link and bound: per condition the mean tick and communication seconds over seeds, the tick
+    speed-up, the time to target per condition and its speed-up (None without validations or compute)."""
+
+    link: Link
+    overlap: bool
+    tick: dict[str, Interval]
+    comm: dict[str, Interval]
+    tick_speedup: Interval | None
+    target: dict[str, TargetTimes]
+    target_speedup: Interval | None
+
+
+@dataclass(frozen=True)
+class NetworkResult:
+    inputs: PairInputs
+    sweep: Sweep
+    rows: tuple[LinkRow, ...]
+    target: Target | None
+    crossovers: dict[bool, Crossover]
+    notes: tuple[str, ...] = field(default=())
+
+
+def evaluate(pi: PairInputs, links: Sequence[Link], sweep: Sweep, target_fraction: float) -> NetworkResult:
+    """Every link x bound, the crossover of each bound (with known compute) and the target."""
+    notes = list(pi.notes)
+    missing = [c for c in pi.conditions if not pi.ticks.get(c)]
+    if missing:
+        raise NetModelError(
+            "conditions",
+            f"pair {pi.pair}: no tick inputs (comm/* and time/*) for {', '.join(missing)}; the model "
+            f"compares {DENSE} with {pi.compressed}",
+        )
+    target = None
+    if not pi.compute_known:
+        notes.append(f"{pi.label}: {pi.compute_note}")
+    elif pi.val.get(DENSE):
+        target = dense_target(pi.val[DENSE], target_fraction)
+    else:
+        notes.append(f"{pi.label}: no tracked val/acc of {DENSE}: no time to target")
+    rows = []
+    for link in links:
+        comm = {c: mean_interval(seed_means(pi, c, link, None).values()) for c in pi.conditions}
+        for overlap in (False, True):
+            means = {c: seed_means(pi, c, link, overlap) for c in pi.conditions}
+            tick = {c: mean_interval(m.values()) for c, m in means.items()} if pi.compute_known else {}
+            targets = (
+                {c: times_to_target(pi, c, link, overlap, target) for c in pi.conditions} if target else {}
+            )
+            rows.append(
+                LinkRow(
+                    link,
+                    overlap,
+                    tick,
+                    comm,
+                    _speedup(means[DENSE], means[pi.compressed]) if pi.compute_known else None,
+                    targets,
+                    _speedup(targets[DENSE].seconds, targets[pi.compressed].seconds) if targets else None,
+                )
+            )
+    crossovers = {o: crossover(pi, sweep, o) for o in (False, True)} if pi.compute_known else {}
+    if target:
+        for condition in pi.conditions:
+            vals = pi.val.get(condition, {})
+            never = [s for s, v in vals.items() if first_reach(v, target.accuracy) is None]
+            if never:
+                seeds = ", ".join(never)
+                notes.append(f"{pi.label}: {condition} seed(s) {seeds} never reach {target.describe()}")
+            untimed = [s for s in vals if pi.tick_inputs(condition, s) is None]
+            if untimed:
+                seeds = ", ".join(untimed)
+                notes.append(f"{pi.label}: {condition} seed(s) {seeds} have val/acc but no tick inputs")
+    return NetworkResult(pi, sweep, tuple(rows), target, crossovers, tuple(dict.fromkeys(notes)))

@@ -1,0 +1,202 @@
+"""The network cost of one tick: pure functions of bytes, a link and a layout (alpha-beta model).
+
+Every channel costs ``latency + bytes / bandwidth`` with the collective's standard cost (Thakur, Rabenseifner
+and Gropp, "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005; Patarasuk and Yuan,
+"Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 2009). ``alpha`` is the link's
+latency per message (s), ``beta`` its bandwidth per direction (bytes/s), ``n`` the ranks of a collective.
+A channel with no bytes sends no message and costs nothing.
+
+The tick's channels are the byte ledger's (``commrl.compression.ledger``), whose counts are model-level:
+activations of every token of the tick at every one of the ``P`` compression points, forward and backward
+(``comm/bytes_activations - comm/bytes_basis_refresh``); the basis refresh, ``d * r`` per point
+(``comm/bytes_basis_refresh``); and the weight update of the whole model as one replica sends it
+(``comm/bytes_weights``). On a layout of ``S`` stages and ``D`` data-parallel replicas:
+
+- activations: each of the ``S - 1`` boundaries carries one point's share of one replica's tokens,
+  ``A / (P D)`` bytes, forward and backward (two messages); the boundaries of a pipelined schedule
+  (GPipe, 1F1B) transfer concurrently on their own links, so the channel costs one boundary's traffic;
+- basis refresh: each boundary's ``d * r`` basis, ``R / P`` bytes, one message, boundaries concurrently;
+- weights: each stage reduces its ``1/S`` share of the parameters across the ``D`` replicas, stages
+  concurrently: ring all-reduce, or reduce-scatter then all-gather;
+- channels run one after the other (activations during the passes, the update after them).
+
+Compute time is an input, not modelled. ``train_s`` is the trainer's compute that communication can hide
+behind; ``sample_s`` (generation) runs before it and hides nothing. Two bounds: no overlap,
+``T = sample + train + comm``; full overlap, ``T = sample + max(train, comm)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from commrl.netmodel.links import Layout, Link, NetModelError
+
+Value = float | np.ndarray  # a number of bytes or seconds, or one per tick
+
+
+def _sends(nbytes: Value) -> Value:
+    """1 where there are bytes to send (a message goes out), else 0."""
+    return np.asarray(nbytes) > 0
+
+
+def p2p_time(nbytes: Value, link: Link, messages: int = 1) -> Value:
+    """Point to point: ``t = m alpha + bytes / beta`` for ``m`` messages carrying ``bytes`` in all; 0 when
+    there are no bytes."""
+    return messages * link.latency_s * _sends(nbytes) + nbytes / link.bytes_per_s
+
+
+def ring_allreduce_time(nbytes: Value, n: int, link: Link) -> Value:
+    """Ring all-reduce of ``bytes`` over ``n`` ranks: ``t = 2 (n - 1) alpha + 2 (n - 1) / n * bytes / beta``
+    (a reduce-scatter and an all-gather of ``n - 1`` steps each, ``bytes / n`` per step); 0 for ``n = 1``."""
+    return 2 * (n - 1) * link.latency_s * _sends(nbytes) + 2 * (n - 1) / n * nbytes / link.bytes_per_s
+
+
+def reduce_scatter_time(nbytes: Value, n: int, link: Link) -> Value:
+    """Ring reduce-scatter: ``t = (n - 1) alpha + (n - 1) / n * bytes / beta``; 0 for ``n = 1``."""
+    return (n - 1) * link.latency_s * _sends(nbytes) + (n - 1) / n * nbytes / link.bytes_per_s
+
+
+def all_gather_time(nbytes: Value, n: int, link: Link) -> Value:
+    """Ring all-gather: ``t = (n - 1) alpha + (n - 1) / n * bytes / beta``; 0 for ``n = 1``."""
+    return (n - 1) * link.latency_s * _sends(nbytes) + (n - 1) / n * nbytes / link.bytes_per_s
+
+
+def activation_time(nbytes: Value, layout: Layout, link: Link) -> Value:
+    """Stage boundaries: ``t = [S > 1] * p2p(A / (P D), messages = 2)`` (forward and backward of one
+    boundary; the ``S - 1`` boundaries transfer concurrently)."""
+    if layout.boundaries == 0:
+        return 0.0 * nbytes
+    return p2p_time(nbytes / (layout.points * layout.dp), link, messages=2)
+
+
+def basis_time(nbytes: Value, layout: Layout, link: Link) -> Value:
+    """Basis refresh: ``t = [S > 1] * p2p(R / P, messages = 1)`` (one boundary's ``d * r`` basis)."""
+    if layout.boundaries == 0:
+        return 0.0 * nbytes
+    return p2p_time(nbytes / layout.points, link, messages=1)
+
+
+def weight_time(nbytes: Value, layout: Layout, link: Link) -> Value:
+    """Weight update: each stage's share ``W / S`` across the ``D`` replicas; ``allreduce``:
+    ``t = ring_allreduce(W / S, D)``, ``rs_ag``: ``t = reduce_scatter(W / S, D) + all_gather(W / S, D)``
+    (the same bandwidth term, ``2 (D - 1) / D * W / (S beta)``)."""
+    share = nbytes / layout.stages
+    if layout.collective == "allreduce":
+        return ring_allreduce_time(share, layout.dp, link)
+    return reduce_scatter_time(share, layout.dp, link) + all_gather_time(share, layout.dp, link)
+
+
+@dataclass(frozen=True)
+class ChannelBytes:
+    """A tick's bytes per channel as the ledger counts them (model-level; scalars or one per tick)."""
+
+    activations: Value
+    basis: Value
+    weights: Value
+
+    def __post_init__(self) -> None:
+        for field in ("activations", "basis", "weights"):
+            values = np.asarray(getattr(self, field), dtype=np.float64)
+            if not np.all(np.isfinite(values)) or np.any(values < 0):
+                raise NetModelError(
+                    f"bytes.{field}",
+                    f"bytes.{field} must be finite and >= 0 (got {values.min() if values.size else values}); "
+                    "check the ledger's comm/* metrics of the run",
+                )
+
+
+@dataclass(frozen=True)
+class CommTime:
+    """Seconds per channel (scalars or one per tick); ``total`` is their sum (channels run in turn)."""
+
+    activations: Value
+    basis: Value
+    weights: Value
+
+    @property
+    def total(self) -> Value:
+        return self.activations + self.basis + self.weights
+
+
+def comm_time(nbytes: ChannelBytes, layout: Layout, link: Link) -> CommTime:
+    """``t_comm = t_act + t_basis + t_weights`` (``activation_time``, ``basis_time``, ``weight_time``)."""
+    return CommTime(
+        activation_time(nbytes.activations, layout, link),
+        basis_time(nbytes.basis, layout, link),
+        weight_time(nbytes.weights, layout, link),
+    )
+
+
+def tick_time(train_s: Value, sample_s: Value, comm_s: Value, overlap: bool) -> Value:
+    """No overlap: ``T = t_sample + t_train + t_comm``; full overlap:
+    ``T = t_sample + max(t_train, t_comm)``."""
+    if overlap:
+        return sample_s + np.maximum(train_s, comm_s)
+    return sample_s + train_s + comm_s
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where the method stops paying on ``[low, high]`` Gbit/s; ``gbps`` None unless ``status`` is
+    ``crossover`` (``always_pays``: it still pays at ``high``; ``never_pays``: not even at ``low``)."""
+
+    status: str
+    gbps: float | None
+    low: float
+    high: float
+    tolerance: float
+
+    def short(self) -> str:
+        """``17.4 Gbit/s``, ``> 400 Gbit/s`` or ``< 0.1 Gbit/s``."""
+        if self.status == "crossover":
+            return f"{self.gbps:.3g} Gbit/s"
+        return f"> {self.high:g} Gbit/s" if self.status == "always_pays" else f"< {self.low:g} Gbit/s"
+
+    def describe(self) -> str:
+        share = f"{self.tolerance:.0%} of dense's tick"
+        span = f"{self.low:g}-{self.high:g} Gbit/s"
+        if self.status == "crossover":
+            return f"{self.short()} (above it the method saves less than {share})"
+        if self.status == "always_pays":
+            return f"{self.short()} (the method saves at least {share} across {span})"
+        return f"{self.short()} (the method saves less than {share} across {span})"
+
+
+def crossover_bandwidth(
+    dense_s: Callable[[float], float],
+    method_s: Callable[[float], float],
+    low: float,
+    high: float,
+    tolerance: float = 0.01,
+    grid: int = 400,
+) -> Crossover:
+    """The bandwidth above which the method stops paying.
+
+    The method pays at bandwidth ``B`` when ``T_method(B) < (1 - tol) T_dense(B)`` (it saves at least
+    ``tol`` of dense's tick time). The crossover is ``B* = min {B in [low, high] : the method pays at no
+    B' in [B, high]}``: found on a log grid of ``grid`` points, then by bisection in ``log B`` between the
+    last grid point where it pays and the next one (to 1e-6 relative).
+    """
+    if not (0 < low < high):
+        raise NetModelError("bandwidth range", f"need 0 < low < high Gbit/s (got {low!r}, {high!r})")
+    if not (0 <= tolerance < 1):
+        raise NetModelError("tolerance", f"tolerance={tolerance!r} must be in [0, 1); e.g. 0.01")
+
+    def pays(gbps: float) -> bool:
+        return bool(method_s(gbps) < (1 - tolerance) * dense_s(gbps))
+
+    points = np.geomspace(low, high, grid)
+    paying = np.array([pays(float(b)) for b in points])
+    if paying[-1]:
+        return Crossover("always_pays", None, low, high, tolerance)
+    if not paying.any():
+        return Crossover("never_pays", None, low, high, tolerance)
+    last = int(np.nonzero(paying)[0][-1])
+    lo, hi = np.log(points[last]), np.log(points[last + 1])
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if pays(float(np.exp(mid))) else (lo, mid)
+    return Crossover("crossover", float(np.exp(hi)), low, high, tolerance)

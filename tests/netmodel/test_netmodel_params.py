@@ -1,0 +1,119 @@
+"""Bad link, layout, compute and config parameters are refused naming the field (library) or the option
+(``commrl netmodel``, exit 2); the named interconnects carry their sources; the command's table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from commrl.cli.main import main
+from commrl.netmodel import INTERCONNECTS, Compute, Layout, Link, NetModelError, load_config, named_link
+
+
+@pytest.mark.parametrize("bandwidth", [0.0, -1.0, math.nan, math.inf])
+def test_bandwidth_must_be_positive_and_finite(bandwidth):
+    with pytest.raises(NetModelError, match=r"bandwidth_gbps=.* is invalid.*> 0 Gbit/s") as err:
+        Link("mine", bandwidth, 5.0)
+    assert err.value.field == "bandwidth_gbps"
+
+
+def test_latency_layout_and_compute_are_checked():
+    with pytest.raises(NetModelError, match=r"latency_us=-1.0 is invalid") as err:
+        Link("mine", 10.0, -1.0)
+    assert err.value.field == "latency_us"
+    with pytest.raises(NetModelError, match=r"layout.stages=0 is invalid: must be an integer >= 1"):
+        Layout(stages=0, dp=1, points=4)
+    with pytest.raises(NetModelError, match=r"layout.stages=6 is invalid.*S <= 5"):
+        Layout(stages=6, dp=1, points=4)
+    with pytest.raises(NetModelError, match=r"layout.dp=0"):
+        Layout(stages=2, dp=0, points=4)
+    with pytest.raises(NetModelError, match=r"layout.collective='tree' is invalid: one of allreduce, rs_ag"):
+        Layout(stages=2, dp=2, points=4, collective="tree")
+    with pytest.raises(NetModelError, match=r"compute.train_s=-3.0 is invalid"):
+        Compute(-3.0)
+
+
+def test_unknown_interconnect_names_the_known_ones():
+    with pytest.raises(NetModelError, match=r"interconnect='40GbE' is invalid.*known: 1GbE, 10GbE") as err:
+        named_link("40GbE")
+    assert err.value.field == "interconnect"
+    assert named_link("ib100") is INTERCONNECTS["IB-EDR"] and named_link("NVLINK") is INTERCONNECTS["NVLink4"]
+
+
+def test_named_interconnects_have_sources():
+    assert set(INTERCONNECTS) == {"1GbE", "10GbE", "IB-EDR", "IB-NDR", "NVLink4"}
+    assert [link.bandwidth_gbps for link in INTERCONNECTS.values()] == [1.0, 10.0, 100.0, 400.0, 3600.0]
+    assert all(len(link.source) > 30 for link in INTERCONNECTS.values())
+    assert "IEEE 802.3ab" in INTERCONNECTS["1GbE"].source and "900 GB/s" in INTERCONNECTS["NVLink4"].source
+
+
+def test_the_repository_configs_load():
+    from commrl.report.network import NetworkOptions
+
+    configs = {c.pair: c for c in NetworkOptions.from_dir().configs}
+    assert set(configs) == {"A", "tiny"}
+    assert configs["tiny"].source == "runs" and "CPU times" in configs["tiny"].compute_note
+    assert configs["A"].source == "analytic" and configs["A"].compute.train_s is None
+    assert configs["A"].interconnects == tuple(INTERCONNECTS)
+
+
+def test_config_errors_name_the_file_and_key(tmp_path):
+    bad = tmp_path / "pair_x.yaml"
+    bad.write_text(
+        "pair: x\nbytes: runs\nlayout: {stages: 2, dp: 1, points: 4}\ncompute_note: x\nlinks: []\n"
+    )
+    with pytest.raises(NetModelError, match=r"pair_x.yaml: unknown key\(s\) links"):
+        load_config(bad)
+    bad.write_text("pair: x\nbytes: runs\nlayout: {stages: 2, dp: 1}\ncompute_note: x\n")
+    with pytest.raises(NetModelError, match=r"pair_x.yaml: layout.points is missing"):
+        load_config(bad)
+    bad.write_text("pair: x\nbytes: disk\nlayout: {}\ncompute_note: x\n")
+    with pytest.raises(NetModelError, match=r"bytes='disk' is invalid: one of runs, analytic"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--bandwidth-gbps", "0", "--latency-us", "5"], "--bandwidth-gbps: bandwidth_gbps=0.0 is invalid"),
+        (["--bandwidth-gbps", "-2", "--latency-us", "5"], "--bandwidth-gbps: bandwidth_gbps=-2.0 is invalid"),
+        (["--bandwidth-gbps", "25"], "--latency-us: latency_us is missing"),
+        (["--link", "40GbE"], "--link: interconnect='40GbE' is invalid"),
+        (["--stages", "0"], "--stages: layout.stages=0 is invalid"),
+        (["--stages", "30"], "--stages: layout.stages=30 is invalid"),
+        (["--dp", "-1"], "--dp: layout.dp=-1 is invalid"),
+        (["--compute-s", "-5"], "--compute-s: compute.train_s=-5.0 is invalid"),
+        (["--target-fraction", "1.5"], "--target-fraction: target_fraction=1.5 is invalid"),
+    ],
+)
+def test_the_command_exits_2_naming_the_option(argv, message, capsys, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["netmodel", "--pair", "A", "--tracking-uri", uri, *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "none.db").exists()  # no empty store created
+
+
+def test_the_command_refuses_compute_for_a_pair_measured_from_its_runs(capsys):
+    assert main(["netmodel", "--pair", "tiny", "--compute-s", "4"]) == 2
+    assert "--compute-s: compute applies to analytic pairs" in capsys.readouterr().err
+    assert main(["netmodel", "--pair", "nope"]) == 2
+    assert "--pair: pair 'nope' has no" in capsys.readouterr().err
+
+
+def test_the_command_prints_pair_a_at_a_link_of_ones_own(capsys, tmp_path):
+    """Pair A from the analytic ledger at 25 Gbit/s, 5 us, 4 stages x 8 replicas, 400 s of compute:
+    dense's communication is 2.886e12 / (28 * 8) bytes per boundary (2 messages) plus the reduce-scatter and
+    all-gather of 6.17e9 / 4 bytes over 8 ranks: 4.988 s; no store, so no time to target."""
+    uri = f"sqlite:///{tmp_path / 'none.db'}"
+    argv = ["netmodel", "--pair", "A", "--tracking-uri", uri, "--compute-s", "400"]
+    argv += ["--bandwidth-gbps", "25", "--latency-us", "5", "--stages", "4", "--dp", "8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("custom") and "no overlap" in line)
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[:4] == ["custom", "25", "5", "no overlap"]
+    assert float(cells[4]) == pytest.approx(4.988, abs=1e-3)  # dense comm s
+    assert float(cells[6]) == pytest.approx(404.988, abs=0.01)  # dense tick, no overlap
+    assert "crossover, no overlap:" in out and "given on the command line" in out
+    assert "no time to target" in out

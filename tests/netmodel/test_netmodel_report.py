@@ -1,0 +1,101 @@
+"""The report's network section, built from the synthetic store of ``tests/report/conftest.py`` (pair A's
+dense and method runs): from the runs' bytes and times, and from pair A's analytic ledger with a given
+compute time; and ``commrl netmodel`` on the same store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from commrl.cli.main import main
+from commrl.compression.ledger import pair_a_summary
+from commrl.netmodel import ChannelBytes, Compute, Layout, comm_time, load_config, named_link
+from commrl.netmodel.config import config_dir
+
+NETWORK_FIGURES = [
+    "fig12_net_tick_runs_A.png",
+    "fig13_net_target_runs_A.png",
+    "fig12_net_tick_analytic_A.png",
+    "fig13_net_target_analytic_A.png",
+]
+ALPHA, BETA = 50e-6, 1e9 / 8  # 1GbE: 50 us, 1.25e8 bytes/s
+
+
+def dense_seconds_to_target_1gbe(series) -> float:
+    """The store's dense seeds reach 0.95 x 0.67 at step 50; per tick, no overlap: sample 0.2 s + train
+    0.5 + 0.01 (k - 1) s + activations 8e8 / (4 points x 2 replicas) bytes (2 messages) + weights
+    2e8 / 5 stages ring-all-reduced over 2 ranks (2 (2-1)/2 x bytes, 2 latencies)."""
+    activations, weights = series.NETWORK_BYTES["dense"]
+    comm = 2 * ALPHA + activations / 8 / BETA + 2 * ALPHA + weights / 5 / BETA
+    return 50 * (series.SAMPLE_S + series.TRAIN_S + comm)
+
+
+@pytest.fixture(scope="module")
+def built(net_store_uri, runs_config, tmp_path_factory):
+    from commrl.report import build_report
+    from commrl.report.network import NetworkOptions
+
+    analytic = load_config(config_dir() / "pair_A.yaml").with_overrides(compute=Compute(400.0, source="test"))
+    tiny = load_config(config_dir() / "pair_tiny.yaml")  # a pair the report does not include
+    options = NetworkOptions((load_config(runs_config), analytic, tiny))
+    out = tmp_path_factory.mktemp("netreport") / "report"
+    return build_report(["A"], out, tracking_uri=net_store_uri, network=options)
+
+
+def test_the_report_draws_and_embeds_the_network_figures(built):
+    out = built.out_dir
+    for name in NETWORK_FIGURES:
+        with Image.open(out / name) as img:
+            img.verify()
+    md = (out / "report.md").read_text()
+    assert "## From bytes to seconds: the network model" in md
+    assert "### Pair A (tracked runs)" in md and "### Pair A (analytic ledger)" in md
+    assert all(f"]({name})" in md for name in NETWORK_FIGURES)
+    drawn = [p.name for p in out.glob("*.png")]
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(drawn)
+    captions = json.loads((out / "captions.json").read_text())
+    assert set(NETWORK_FIGURES) <= set(captions) and set(captions) == set(drawn)
+    assert "crossover" in captions["fig12_net_tick_runs_A.png"]
+    assert sorted(p.name for p in built.files) == sorted(p.name for p in out.iterdir())
+    assert "network model of pair tiny skipped: the report does not include the pair" in built.notes
+
+
+def test_time_to_target_from_the_runs_matches_the_hand_computation(built, series):
+    data = json.loads((built.out_dir / "tables.json").read_text())["network"]
+    assert set(data) == {"A-runs", "A-analytic"}
+    table = data["A-runs"]["tables"]["network_links_A_runs"]
+    col = {name: i for i, name in enumerate(table["columns"])}
+    row = next(r for r in table["rows"] if r[0] == "1GbE" and r[col["overlap"]] == "no overlap")
+    dense = row[col["dense to target (s)"]]
+    assert dense["n"] == 3 and dense["mean"] == pytest.approx(dense_seconds_to_target_1gbe(series), rel=1e-9)
+    assert dense["low"] < dense["mean"] < dense["high"]  # the seeds' train times differ by 0.01 s
+    assert row[col["reached (dense, method)"]] == "3/3, 3/3"
+    assert row[col["speed-up to target"]]["mean"] > 1.5  # 10x fewer bytes on a slow link
+    crossover = data["A-runs"]["tables"]["network_crossover_A_runs"]["rows"]
+    assert crossover[0][0] == "no overlap" and 1 < crossover[0][1] < 400
+
+
+def test_time_to_target_from_the_analytic_ledger(built):
+    """Pair A's tracked val/acc reaches the target at step 50; dense's tick at 1GbE, no overlap, is 400 s
+    of compute plus the ledger's dense tick on 4 stages x 8 replicas (reduce-scatter + all-gather)."""
+    section = next(n for n in built.network if n.key == "A-analytic")
+    table = next(t for t in section.tables if t.key == "network_links_A_analytic")
+    row = next(r for r in table.rows if r[0] == "1GbE" and r[3] == "no overlap")
+    b = pair_a_summary()
+    comm = comm_time(
+        ChannelBytes(b.dense_activations, 0.0, b.dense_weights), Layout(4, 8, 28, "rs_ag"), named_link("1GbE")
+    )
+    dense = row[table.columns.index("dense to target (s)")]
+    assert dense.estimate == pytest.approx(50 * (400 + comm.total), rel=1e-9)
+    assert "source: test" in section.summary and "analytic ledger" in section.summary
+
+
+def test_the_command_reads_the_store(net_store_uri, runs_config, series, capsys):
+    argv = ["netmodel", "--pair", "A", "--config", str(runs_config), "--tracking-uri", net_store_uri]
+    assert main([*argv, "--link", "1GbE"]) == 0
+    out = capsys.readouterr().out
+    assert "runs per condition: dense 3, method 3" in out
+    assert f"{dense_seconds_to_target_1gbe(series):.5g}" in out and "(3/3 seeds)" in out
