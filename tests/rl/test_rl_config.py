@@ -76,7 +76,8 @@ def test_a_condition_the_local_driver_cannot_run_is_rejected_with_the_reason(tmp
         ("sampler.backend=sglang", "sampler.backend"),
         ("rl.read_at=1000", "rl.read_at"),
         ("+rl.lrr=3", "rl.lrr"),
-        ("rl.prompts_per_tick=15", "rl.prompts_per_tick"),
+        ("rl.prompts_per_tick=0", "rl.prompts_per_tick"),
+        ("rl.mini_batches=3", "rl.prompts_per_tick"),  # 16 prompts do not split into 3 mini-batches
     ],
 )
 def test_bad_values_name_the_field(override, field):

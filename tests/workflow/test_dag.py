@@ -92,7 +92,7 @@ def test_tiny_commands_follow_the_cli_contracts(tiny: Result) -> None:
         "commrl sweep worker --config configs/sweep/tiny.yaml --study tiny-method --worker 1",
         "--out results/sweeps/tiny/tiny-method/worker1.json",
     )
-    assert _has_command(tiny, "commrl report --pair tiny --out results/report")
+    assert _has_command(tiny, "commrl report --pair tiny --netmodel configs/netmodel --out results/report")
 
 
 def test_paper_commands_follow_the_cli_contracts(paper: Result) -> None:
