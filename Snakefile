@@ -8,7 +8,8 @@
 # Targets go before --configfile (it takes several values). A --configfile replaces the default config
 # rather than being merged over it: give the whole config (e.g. a copy of tiny.yaml with changes).
 #
-# Rules only call `commrl <command>`; see docs/design.md for the contracts.
+# Rules only call `commrl <command>` (training ones through workflow/scripts/preemptible.sh); see
+# docs/design.md for the contracts.
 
 from snakemake.utils import min_version, validate
 

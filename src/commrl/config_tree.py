@@ -4,7 +4,9 @@
 ``configs/condition/``, one file per condition: the ``condition`` group of both trees, found through Hydra's
 search path (``searchpath_override``). A condition file (package ``_global_``) sets ``condition`` (its
 name), ``method`` (``MethodConfig`` knobs), optionally ``model.attention_dropout`` (trainer-only attention
-dropout, read by both drivers), keys only the local driver knows (``sampler``) and ``unsupported_drivers``:
+dropout, read by both drivers), ``rl.staleness`` / ``rl.behaviour_logprobs`` / ``rl.rollout_correction``
+(asynchrony and verl's rollout correction, read by both drivers), keys only the local driver knows
+(``sampler``) and ``unsupported_drivers``:
 driver -> why that driver cannot run the condition (absent: every driver runs it).
 """
 

@@ -7,7 +7,11 @@ interval is narrow and every claim PASSes except the ``method_same_sampler`` one
 has only score and log-prob correlation: dense and method with three seeds, a method that lags dense
 (claim 2 MISS), ``method_same_sampler`` with two seeds whose correlations 0.45 and 0.55 straddle 0.99
 (claim 10 INCONCLUSIVE), ``anchor_off`` with one seed (claim 3 INCONCLUSIVE: n=1, no interval), no KL and
-no evaluations.
+no evaluations. Pair ``A`` also has the six asynchronous conditions (``ASYNC_A``, three seeds each; val/acc,
+the effective token fraction and verl's rollout_corr read-outs): claim 13 PASSes (method_async keeps 20% of
+its tokens and gains 0.05 against dense_async's 0.21), claim 14 PASSes by method_async_icepop alone (0.02
+below dense_async; tis 0.11 and seq_rs 0.18 below), claim 15 PASSes (dense_async_tis 0.005 above
+dense_async in every seed).
 """
 
 from __future__ import annotations
@@ -71,6 +75,38 @@ def pair_a_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
         "val/acc": dict(zip(VAL_TICKS, val, strict=True)),
         **(network_series(condition, seed) if condition in NETWORK_BYTES else {}),
     }
+
+
+# condition -> (val/acc at ticks VAL_TICKS, effective token frac, rollout_corr/kl); seed k adds
+# 0.005 (k - 1) to the last val read (0.004 for icepop: its gap to dense_async spreads), 0.01 (k - 1) to the
+# fraction and the KL
+ASYNC_A = {
+    "dense_async": ((0.45, 0.60, 0.66), 0.95, 0.01),
+    "method_async": ((0.45, 0.47, 0.50), 0.20, 0.5),
+    "method_async_tis": ((0.45, 0.50, 0.55), 0.90, 0.5),
+    "method_async_icepop": ((0.45, 0.58, 0.64), 0.70, 0.5),
+    "method_async_seq_rs": ((0.45, 0.46, 0.48), 0.40, 0.5),
+    "dense_async_tis": ((0.45, 0.60, 0.665), 0.94, 0.01),
+}
+
+
+def async_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
+    d = seed - 1
+    val, frac, kl = ASYNC_A[condition]
+    last = val[-1] + (0.004 if condition == "method_async_icepop" else 0.005) * d
+    series = {
+        "score/mean": line(0.3, 0.005),
+        "val/acc": dict(zip(VAL_TICKS, (*val[:-1], last), strict=True)),
+        "actor/effective_token_frac": const(frac + 0.01 * d),
+        "rollout_corr/kl": const(kl + 0.01 * d),
+        "rollout_corr/k3_kl": const(kl / 2),
+        "rollout_corr/chi2_token": const(2 * kl),
+    }
+    if condition in ("method_async_tis", "method_async_icepop", "dense_async_tis"):
+        series["rollout_corr/rollout_is_eff_sample_size"] = const(0.6)
+    if condition == "method_async_seq_rs":
+        series["rollout_corr/rollout_rs_seq_masked_fraction"] = const(0.3 + 0.01 * d)
+    return series
 
 
 # commrl.netmodel's inputs, at a scale where communication matters (independent of comm/bytes_total
@@ -176,6 +212,9 @@ def fill_store(uri: str) -> None:
                 values = {f"eval/{benchmark}/{k}": {50: v + 0.01 * (seed - 1)} for k, v in metrics.items()}
                 log_series(client, ev.info.run_id, values)
                 client.set_terminated(ev.info.run_id, "FINISHED")
+    for condition in ASYNC_A:
+        for seed in SEEDS_A:
+            train_run(client, exp_a, "A", condition, seed, async_series(condition, seed), read_at=50)
     sweep = client.create_run(exp_a, run_name="sweep-A", tags={"kind": "sweep", "direction": "maximize"})
     for i, (state, objective) in enumerate((("COMPLETE", 0.5), ("COMPLETE", 0.6), ("PRUNED", 0.9))):
         trial = client.create_run(

@@ -28,6 +28,7 @@ DRAWN_A = [
     "fig07_best_val_A.png",
     "fig08_async_clip_A.png",
     "fig09_clip_A.png",
+    "fig14_async_A.png",
 ]
 DRAWN_B = ["fig02_score_B.png", "fig05_mismatch_B.png"]
 
@@ -142,7 +143,7 @@ def test_markdown_cells_read_mean_plus_minus_half_width_with_n_and_explain_the_r
         "Seeds per condition (training runs): dense n=3, method n=3, anchor_off n=1, method_same_sampler n=2"
         in md
     )
-    assert "Claims: 3 PASS, 1 MISS, 2 INCONCLUSIVE, 6 n/a." in md
+    assert "Claims: 3 PASS, 1 MISS, 2 INCONCLUSIVE, 9 n/a." in md
     scores = mean_interval([0.69, 0.70, 0.71])  # dense's score at tick 50 over its seeds (pair A)
     assert f"| 0.7 ± {scores.half_width:.2g} (n=3) |" in md
     assert "| 0.3 (n=1) |" in md  # anchor_off in pair B: one seed, no interval
@@ -150,7 +151,7 @@ def test_markdown_cells_read_mean_plus_minus_half_width_with_n_and_explain_the_r
 
 def test_claims_are_decided_on_the_seed_intervals_as_designed(built):
     status = {pair: {c.number: c.status for c in claims} for pair, claims in built.claims.items()}
-    assert status["A"] == {**{n: "PASS" for n in range(1, 12)}, 10: "n/a", 12: "n/a"}  # no anchor_only
+    assert status["A"] == {**{n: "PASS" for n in range(1, 16)}, 10: "n/a", 12: "n/a"}  # no anchor_only
     assert status["B"] == {
         1: "PASS",
         2: "MISS",
@@ -164,6 +165,9 @@ def test_claims_are_decided_on_the_seed_intervals_as_designed(built):
         10: "INCONCLUSIVE",  # two seeds, 0.45 and 0.55: the interval straddles 0.99
         11: "n/a",
         12: "n/a",
+        13: "n/a",  # no asynchronous runs in pair B
+        14: "n/a",
+        15: "n/a",
     }
     claims_b = {c.number: c for c in built.claims["B"]}
     assert "n=1 vs 3: no interval" in claims_b[3].reason and claims_b[3].interval.low is None
@@ -282,3 +286,54 @@ def test_bad_input_is_refused_with_a_clear_message(store_uri, tmp_path):
     with pytest.raises(ReportInputError, match="not a commrl report"):
         build_report(["B"], tmp_path / "other", tracking_uri=store_uri)
     assert (tmp_path / "other" / "keep.txt").exists() and not (tmp_path / "r").exists()
+
+
+def test_the_async_conditions_are_read_from_the_store_drawn_tabulated_and_claimed(built):
+    """Figure 14, the async table and claims 13-15 from pair A's async runs as MLflow holds them."""
+    claims = {c.number: c for c in built.claims["A"]}
+    starves = claims[13]
+    assert [c.quantity for c in starves.checks] == [
+        "method_async effective token frac (fast ticks)",
+        "val gain method_async - dense_async",
+    ]
+    assert starves.checks[0].interval.estimate == pytest.approx(0.20)
+    assert starves.values["method_async_gain"] == pytest.approx(0.05)
+    assert starves.values["dense_async_gain"] == pytest.approx(0.21)
+    closes = claims[14]
+    assert closes.combine == "any" and closes.values["passing"] == "method_async_icepop"
+    assert closes.reason.startswith("passing: val dense_async - method_async_icepop;")
+    assert [c.status for c in closes.checks] == ["MISS", "PASS", "MISS"]  # tis, icepop, seq_rs
+    assert closes.decided_by.quantity == "val dense_async - method_async_icepop"
+    assert closes.interval.estimate == pytest.approx(0.02) and closes.interval.paired
+    assert claims[15].interval.estimate == pytest.approx(0.005) and "inside ±0.05" in claims[15].reason
+    rows = table(built, "A", "async")
+    assert list(rows) == [
+        "dense_async",
+        "method_async",
+        "method_async_tis",
+        "method_async_icepop",
+        "method_async_seq_rs",
+        "dense_async_tis",
+    ]
+    assert rows["method_async"]["read tick"] == 50
+    assert is_interval(rows["method_async"]["effective token frac"], 3, 0.20)
+    assert is_interval(rows["method_async"]["rollout_corr kl"], 3, 0.5)
+    assert is_interval(rows["dense_async"]["val gain"], 3, 0.21)
+    assert is_interval(rows["method_async_tis"]["IS eff sample size"], 3, 0.6, point=True)
+    assert rows["method_async"]["IS eff sample size"] is None
+    assert is_interval(rows["method_async_seq_rs"]["RS seq masked frac"], 3, 0.3)
+    assert "RS masked frac" not in rows["method_async"]  # no run logged the token-level rejection
+    assert not any(t.key == "async" for t in built.tables["B"])
+    md = (built.out_dir / "report.md").read_text()
+    assert "#### Figure 14: Learning under asynchrony" in md and "](fig14_async_A.png)" in md
+    skipped = (
+        "Figure 14 skipped (B): no runs with val/acc or actor/effective_token_frac for conditions "
+        "dense_async, method_async, method_async_tis, method_async_icepop, method_async_seq_rs, "
+        "dense_async_tis"
+    )
+    assert skipped in md and not (built.out_dir / "fig14_async_B.png").exists()
+    assert "| 14 | a rollout correction brings method_async's val to dense_async's |" in md
+    assert "| no method_async runs with actor/effective_token_frac | n/a | inputs missing |" in md  # B
+    saved = json.loads((built.out_dir / "claims.json").read_text())
+    assert saved["thresholds"]["async_method_max_effective_frac"] == 0.35
+    assert saved["pairs"]["A"][13]["combine"] == "any" and saved["pairs"]["B"][12]["status"] == "n/a"

@@ -55,7 +55,7 @@ def test_vllm_and_hf_agree_and_the_codec_hook_matches_the_trainer(small_model):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-        vllm.push_weights(model)
+        vllm.push_weights(model.state_dict())
         groups = vllm.sample(PROMPTS, n=2, temperature=1.0, max_new_tokens=12, seed=4)
         batch, lp = _trainer_log_probs(model, PROMPTS, groups)
         mask = batch.response_mask.bool()

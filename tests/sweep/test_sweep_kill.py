@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from sweep_fakes import FakeDriver
 
 from commrl.cli.main import main
+from commrl.run import preempt
 from commrl.run.hooks import TrainCallbacks
 from commrl.sweep.config import SweepConfig, load_sweep_config
 from commrl.sweep.storage import retry_history
@@ -124,3 +125,45 @@ def test_ctrl_c_requeues_the_trial_and_a_rerun_resumes_it(env, sweep_dict):
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     starts = (trials_dir(cfg, "ctrl-c") / "trial0000" / "starts.txt").read_text().split("\n")
     assert [line.split()[0] for line in starts if line] == ["0", "3"]  # the retry resumed at tick 3
+
+
+def test_a_preempted_trial_is_queued_again_at_once_and_a_signalled_worker_starts_no_trial(env, sweep_dict):
+    """The trainer checkpointed on SIGUSR1 and raised ``Preempted``: the trial ends FAIL with its retry
+    WAITING at once (same params, no heartbeat grace to wait for); a worker signalled between trials starts
+    none; the rerun resumes the trial where it stopped and the study ends with exactly ``n_trials``."""
+    sweep_dict.update(n_trials=2)
+    cfg = SweepConfig.from_dict(sweep_dict)
+    init_study(cfg, "preempt")
+
+    def preempted(plan, hooks):
+        class Hooks(TrainCallbacks):
+            def on_tick(self, step, metrics):
+                if step == 3:
+                    raise preempt.Preempted(3, signal.SIGUSR1)
+                hooks.on_tick(step, metrics)
+
+            def on_validation(self, step, accuracy):
+                hooks.on_validation(step, accuracy)
+
+        return FakeDriver(cfg.ticks, cfg.val_every)(plan, Hooks())
+
+    with pytest.raises(preempt.Preempted):
+        run_worker(cfg, "preempt", 0, driver=preempted)
+    study = open_study(cfg, "preempt")
+    first, retry = study.get_trials()
+    assert (first.state, retry.state) == (TrialState.FAIL, TrialState.WAITING)
+    assert retry.params == first.params and retry_history(retry) == [first.number]
+    note = "preempted by SIGUSR1 after tick 3 (checkpoint written); re-enqueued with the same params"
+    assert first.user_attrs["note"] == note
+
+    with preempt.watch():
+        os.kill(os.getpid(), signal.SIGUSR1)
+        with pytest.raises(preempt.Preempted):
+            run_worker(cfg, "preempt", 0, driver=FakeDriver(cfg.ticks, cfg.val_every))
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.WAITING]
+
+    run_worker(cfg, "preempt", 0, driver=FakeDriver(cfg.ticks, cfg.val_every))
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    starts = (trials_dir(cfg, "preempt") / "trial0000" / "starts.txt").read_text().split("\n")
+    assert [line.split()[0] for line in starts if line] == ["0", "3"]

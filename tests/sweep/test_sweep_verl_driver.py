@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from commrl import tracking
+from commrl.run import preempt
 from commrl.run.hooks import StopTraining, TrainCallbacks
 from commrl.run.record import RunSpec
 from commrl.sweep.config import SweepConfig
@@ -142,6 +143,18 @@ def test_a_child_that_exits_0_without_a_summary_fails_the_trial(env, verl_cfg, t
 
     with pytest.raises(SweepError, match=r"summary.json does not exist"):
         VerlDriver(verl_cfg, poll_s=0.2, command=no_summary)(plan(tmp_path), Recorder())
+
+
+def test_a_child_preempted_after_its_checkpoint_preempts_the_trial(env, verl_cfg, tmp_path):
+    """The child starts with SIGUSR1 ignored (its Ray helpers must survive Slurm's warning); its exit 75
+    (checkpoint written) becomes ``Preempted``, which re-enqueues the trial."""
+
+    def preempted(cfg, params, out, run=None):
+        ignored = "signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN"
+        return [sys.executable, "-c", f"import signal, sys; sys.exit(75 if {ignored} else 1)"]
+
+    with pytest.raises(preempt.Preempted):
+        VerlDriver(verl_cfg, poll_s=0.2, command=preempted)(plan(tmp_path), Recorder())
 
 
 def test_a_pruned_trial_terminates_the_subprocess(env, verl_cfg, tmp_path):

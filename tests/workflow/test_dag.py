@@ -6,7 +6,7 @@ import pytest
 from snakemake_run import PAPER, Result, Workflow
 
 TINY_CONDITIONS = (
-    8  # dense, method, no_projection, anchor_off, anchor_only, prf_mask, dropout, method_same_sampler
+    14  # the eight synchronous conditions and the six asynchronous ones (configs/pipeline/tiny.yaml)
 )
 SEEDS = 3  # seeds [0, 1, 2] of every condition, both configs
 TINY_JOBS = {
@@ -114,7 +114,9 @@ def test_paper_commands_follow_the_cli_contracts(paper: Result) -> None:
 
 def test_paper_long_kl_runs_ask_150_ticks(paper: Result) -> None:
     out = paper.output
-    commands = [line for line in out.splitlines() if line.startswith("Shell command: commrl verl-train")]
+    commands = [
+        line for line in out.splitlines() if line.startswith("Shell command: ") and "verl-train" in line
+    ]
     long = [line for line in commands if "--pair A" in line and " ticks=150 " in line]
     long_runs = {line.split("--condition ")[1].split()[0] for line in long}
     assert long_runs == {"dense", "method", "dropout", "prf_mask"}

@@ -30,7 +30,20 @@ def test_profile_slurm_by_name_from_the_root(workflow: Workflow) -> None:
     result = workflow.dry_run("--profile", "slurm", "--configfile", PAPER)
     assert "Using profile slurm for setting default command line arguments." in result.output
     assert result.counts()["train_verl"] == 2 * 7 * 3  # pairs A and B x 7 conditions x 3 seeds
-    assert {r["slurm_extra"] for r in result.resources("train_verl")} == {"--exclusive"}
+    assert {r["slurm_extra"] for r in result.resources("train_verl")} == {"--exclusive --signal=USR1@900"}
+    assert "workflow/scripts/preemptible.sh 900 commrl verl-train --pair A" in result.output
+    assert "warning signal" not in result.output  # 900 s covers paper.yaml's checkpoint_s of 600 s
+
+
+def test_a_warning_lead_shorter_than_the_checkpoint_or_to_the_batch_shell_is_reported(workflow: Workflow):
+    """The profile's --signal lead against resources.<kind>.checkpoint_s, when the DAG is built."""
+    profile = workflow.root / "profiles" / "slurm" / "config.yaml"
+    text = profile.read_text().replace("'--exclusive --signal=USR1@900'", "'--exclusive --signal=USR1@300'")
+    profile.write_text(text.replace("'--signal=USR1@900'", "'--signal=B:USR1@900'"))
+    out = workflow.dry_run("--profile", "slurm", "--configfile", PAPER).output
+    assert "train jobs get their warning signal 300 s before the time limit, but" in out
+    assert "resources.train.checkpoint_s = 600 s" in out
+    assert "sweep jobs ask for --signal=B:USR1@900: B: signals the batch shell only" in out
 
 
 @pytest.mark.parametrize("name", PROFILES)

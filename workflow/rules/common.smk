@@ -7,10 +7,13 @@ results/runs/<pair>/<condition>/seed<seed>/.
 import functools
 import os
 import re
+import signal
+import warnings
 from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 # The files `commrl prepare --dataset <name>` writes into results/data/<name>/ (besides manifest.json).
 DATASET_FILES = {
@@ -24,6 +27,19 @@ CONDITIONS = Path(workflow.basedir) / "configs" / "condition"  # one file per co
 MLFLOW_STAMP = "results/.init/mlflow.done"
 # The conda environment of each kind of job, per driver (envs/; used with --sdm conda only).
 ENVS = {"cpu": "../../envs/cpu.yaml", "train": "../../envs/train-gpu.yaml", "eval": "../../envs/eval-gpu.yaml"}
+
+# Preemption (README, "Preemption and time limits"). Slurm's warning (`--signal=USR1@<lead>` in the profile's
+# slurm_extra, or `scancel --signal=USR1`) reaches every process of the job step: the job's own Snakemake,
+# the rule's shell and commrl. Snakemake and bash die of SIGUSR1 by default, so every Snakemake reading this
+# file ignores it; an ignored signal is inherited, and commrl installs its own handler.
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+PREEMPTIBLE = Path(workflow.basedir) / "workflow" / "scripts" / "preemptible.sh"  # requeues on exit 75
+SIGNAL_LEAD = re.compile(r"--signal[= ](B:|R:)?(?:SIG)?(?:USR1|10)@(\d+)")
+_lead_warned = set()
+# signal_lead reads a job's resources in a params function; Snakemake then evaluates the input-size based
+# ones inside its own event loop, falls back to <TBD> for them (rules.py, NestedCoroutineError, as in any
+# dry-run) and Python reports the coroutine it never awaited: harmless.
+warnings.filterwarnings("ignore", "coroutine 'InputFiles._predicated_size_files", RuntimeWarning)
 
 wildcard_constraints:
     pair=r"[A-Za-z0-9][A-Za-z0-9_-]*",
@@ -209,10 +225,42 @@ def resources_of(kind):
     """Scheduler resources of a kind of job; memory and time grow with the attempt (profile `retries`)."""
     res = dict(config["resources"][kind])
     res.pop("threads")
+    res.pop("checkpoint_s", None)  # read by signal_lead
     mem_mb, runtime = res.pop("mem_mb"), res.pop("runtime")
     res["mem_mb"] = lambda wildcards, attempt: mem_mb * attempt
     res["runtime"] = lambda wildcards, attempt: runtime * attempt
     return res
+
+
+def signal_lead(kind, resources):
+    """The warning lead in seconds of a job's `--signal=USR1@<lead>` (its slurm_extra; 0: none), for
+    workflow/scripts/preemptible.sh. Warns once per kind when the lead is shorter than
+    resources.<kind>.checkpoint_s (the rest of a tick plus a checkpoint), or when `B:` sends the warning to
+    the batch shell only: the executor plugin's job script neither traps nor forwards it and dies of it."""
+    match = SIGNAL_LEAD.search(str(resources.get("slurm_extra", "") or ""))
+    if not match:
+        return 0
+    lead, need = int(match.group(2)), config["resources"][kind].get("checkpoint_s")
+    if kind not in _lead_warned:
+        if match.group(1) == "B:":
+            _lead_warned.add(kind)
+            logger.warning(
+                f"{kind} jobs ask for --signal=B:USR1@{lead}: B: signals the batch shell only, which dies of it "
+                f"and ends the job; use --signal=USR1@{lead} (every process of the job step)"
+            )
+        elif need and lead < need:
+            _lead_warned.add(kind)
+            logger.warning(
+                f"{kind} jobs get their warning signal {lead} s before the time limit, but "
+                f"resources.{kind}.checkpoint_s = {need} s (the rest of a tick plus a checkpoint): the "
+                f"checkpoint may not finish; raise the lead (--signal=USR1@{need} or more)"
+            )
+    return lead
+
+
+def preemptible(kind):
+    """The params function that prefixes a training command with workflow/scripts/preemptible.sh."""
+    return lambda wildcards, resources: f"{PREEMPTIBLE} {signal_lead(kind, resources)}"
 
 
 def log(kind, name):

@@ -34,6 +34,8 @@ rule study_worker:
         config=lambda wildcards: study_file(wildcards.study),
     output:
         "results/studies/{study}/worker{worker}.json",
+    params:
+        preemptible=preemptible("sweep"),
     log:
         log("study", "{study}/worker{worker}"),
     benchmark:
@@ -44,8 +46,8 @@ rule study_worker:
     conda:
         lambda wildcards: env("train", pair_cfg(study_pair(wildcards.study))["driver"])
     shell:
-        "commrl sweep worker --config {input.config} --study {wildcards.study} --worker {wildcards.worker}"
-        " --out {output} > {log} 2>&1"
+        "{params.preemptible} commrl sweep worker --config {input.config} --study {wildcards.study}"
+        " --worker {wildcards.worker} --out {output} > {log} 2>&1"
 
 
 rule study_summary:

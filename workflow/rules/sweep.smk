@@ -30,6 +30,8 @@ rule sweep_worker:
         config=lambda wildcards: pair_cfg(wildcards.pair)["sweep"]["config"],
     output:
         "results/sweeps/{pair}/{study}/worker{worker}.json",
+    params:
+        preemptible=preemptible("sweep"),
     log:
         log("sweep", "{pair}/{study}/worker{worker}"),
     benchmark:
@@ -40,7 +42,8 @@ rule sweep_worker:
     conda:
         pair_env("train")
     shell:
-        "commrl sweep worker --config {input.config} --study {wildcards.study} --worker {wildcards.worker}"
+        "{params.preemptible} commrl sweep worker --config {input.config} --study {wildcards.study}"
+        " --worker {wildcards.worker}"
         " --out {output} > {log} 2>&1"
 
 

@@ -1,7 +1,8 @@
 # One training run = (pair, condition, seed) -> results/runs/<pair>/<condition>/seed<seed>/summary.json and
 # final/ (an HF model directory). Both drivers resume from their own checkpoints (checkpoints/ is not a
 # declared output, so Snakemake leaves it alone on a rerun) and exit non-zero when they trained fewer ticks
-# than asked.
+# than asked; 75 when a preemption or time-limit warning stopped them after a checkpoint, which
+# workflow/scripts/preemptible.sh turns into a requeue of the Slurm job.
 
 
 rule train_local:
@@ -15,6 +16,7 @@ rule train_local:
         model=lambda wildcards, input: os.path.dirname(input.model),
         data=lambda wildcards, input: os.path.dirname(input.train),
         ticks=lambda wildcards: ticks_override(wildcards.pair, wildcards.condition),
+        preemptible=preemptible("train"),
     wildcard_constraints:
         pair=one_of(pairs_with("local")),
     log:
@@ -27,7 +29,7 @@ rule train_local:
     conda:
         env("train")
     shell:
-        "commrl train pair={wildcards.pair} condition={wildcards.condition} seed={wildcards.seed}"
+        "{params.preemptible} commrl train pair={wildcards.pair} condition={wildcards.condition} seed={wildcards.seed}"
         " out_dir={params.out} model.path={params.model} data.dir={params.data} threads={threads} {params.ticks}"
         " > {log} 2>&1"
 
@@ -42,6 +44,7 @@ rule train_verl:
         out=lambda wildcards, output: os.path.dirname(output.summary),
         data_root=lambda wildcards, input: os.path.dirname(os.path.dirname(input.train)),
         ticks=lambda wildcards: ticks_override(wildcards.pair, wildcards.condition),
+        preemptible=preemptible("train"),
     wildcard_constraints:
         pair=one_of(pairs_with("verl")),
     log:
@@ -54,5 +57,5 @@ rule train_verl:
     conda:
         env("train", driver="verl")
     shell:
-        "commrl verl-train --pair {wildcards.pair} --condition {wildcards.condition} --seed {wildcards.seed}"
+        "{params.preemptible} commrl verl-train --pair {wildcards.pair} --condition {wildcards.condition} --seed {wildcards.seed}"
         " --out {params.out} --data-dir {params.data_root} --val-file {input.val} {params.ticks} > {log} 2>&1"

@@ -7,7 +7,9 @@
 ``init`` creates the study and its MLflow parent run once (a second call is a no-op); start any number of
 ``worker``s afterwards, rerun them after a crash or preemption (they do only what is left); ``summary``
 writes best_params.json, trials.csv, importances.json and the plots. The study name defaults to
-``<pair>-<condition>``. Exit status: 0 done, 1 a bad config or an unusable study (the message says which).
+``<pair>-<condition>``. Exit status: 0 done, 1 a bad config or an unusable study (the message says which),
+75 a worker stopped by SIGUSR1 or SIGTERM (a preemption or time-limit warning): its running trial
+checkpointed and was queued again with the same params; rerun the worker to go on.
 
 A grid config (``sampler: {name: grid}``, e.g. configs/sweep/tiny-regime.yaml) runs the same three steps
 on its studies (``commrl.sweep.grid``): with a ``baseline``, ``init`` and ``worker`` do the baseline's
@@ -97,17 +99,23 @@ def _init(cfg, study: str, out: Path | None) -> int:
 
 
 def _worker(cfg, study: str, worker: int, out: Path | None) -> int:
+    from commrl.run import preempt
     from commrl.sweep.grid import grid_studies
     from commrl.sweep.worker import run_worker
 
     records = []
-    for part, name in grid_studies(cfg, study):
-        record = run_worker(part, name, worker)
-        print(
-            f"worker {worker}: ran trials {[t['number'] for t in record['trials']]}; "
-            f"study {name!r} has {record['finished']}/{record['n_trials']} finished trials"
-        )
-        records.append(record)
+    try:
+        with preempt.watch():
+            for part, name in grid_studies(cfg, study):
+                record = run_worker(part, name, worker)
+                print(
+                    f"worker {worker}: ran trials {[t['number'] for t in record['trials']]}; "
+                    f"study {name!r} has {record['finished']}/{record['n_trials']} finished trials"
+                )
+                records.append(record)
+    except preempt.Preempted as stop:
+        print(f"worker {worker}: {stop}; the trial is queued again: rerun the worker", file=sys.stderr)
+        return preempt.EXIT_PREEMPTED
     if out:
         _write_json(out, _combined(records))
     return 0

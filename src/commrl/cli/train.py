@@ -4,7 +4,8 @@
     commrl train --cfg pair=tiny condition=dense        # print the resolved config and exit
 
 Exit status: 0 when every asked tick was trained, 1 on a configuration or data error, 3 when the run
-stopped early (collapse alarm) or trained fewer ticks than asked.
+stopped early (collapse alarm) or trained fewer ticks than asked, 75 when SIGUSR1 or SIGTERM (a preemption
+or time-limit warning) stopped it after a tick and its checkpoint: rerun the same command to resume.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from commrl.rl.config import ConfigError, compose_train_config, load_train_config
+from commrl.run import preempt
 
 EXIT_INCOMPLETE = 3
 
@@ -42,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
     from commrl.rl.trainer import LocalTrainer
 
     try:
-        result = LocalTrainer(cfg).train()
+        with preempt.watch():
+            result = LocalTrainer(cfg).train()
     except ConfigError as err:
         print(f"commrl train: {err}", file=sys.stderr)
         return 1
+    except preempt.Preempted as stop:
+        print(f"commrl train: {stop}; rerun to resume (exit {preempt.EXIT_PREEMPTED})", file=sys.stderr)
+        return preempt.EXIT_PREEMPTED
     if not result.complete:
         reason = result.stopped_early or "unknown"
         print(

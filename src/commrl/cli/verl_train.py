@@ -6,12 +6,13 @@ engine.
     commrl verl-train --pair A --condition method --seed 0 --out DIR --dry-run   # print verl's config, exit
 
 The run is configs/verl/ (pair, condition) turned into overrides of verl's own ``ppo_trainer`` config, plus
-the command line's: ``method.*``, ``model.*``, ``dataset.*``, ``ticks``, ``read_at``, ``val_every`` go to
-commrl's tree, every other ``key=value`` to verl's. After training: ``DIR/final`` (the last checkpoint as an
-HF folder), ``DIR/tick<read_at>`` when the read point is an earlier checkpoint, ``DIR/summary.json``.
+the command line's: ``method.*``, ``model.*``, ``dataset.*``, ``rl.*``, ``ticks``, ``read_at``, ``val_every``
+go to commrl's tree, every other ``key=value`` to verl's. After training: ``DIR/final`` (the last checkpoint
+as an HF folder), ``DIR/tick<read_at>`` when the read point is an earlier checkpoint, ``DIR/summary.json``.
 
 Exit status: 0 when every asked tick was trained; 1 on a configuration, data or environment error (no
-GPU); 3 when verl trained fewer ticks than asked.
+GPU); 3 when verl trained fewer ticks than asked; 75 when a preemption or time-limit warning (SIGUSR1, or
+SIGTERM, reaching verl's TaskRunner process) stopped it after a step saved by verl: rerun to resume.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from commrl import tracking
 from commrl.compression.config import ConfigError
-from commrl.run import record
+from commrl.run import preempt, record
 from commrl.run.summary import SUMMARY_FILE
 
 EXIT_ERROR, EXIT_INCOMPLETE = 1, 3
@@ -127,6 +128,11 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
         print(f"commrl verl-train: {out_dir} already holds tick {done} of {ticks}; nothing to train")
     else:
         error = run_verl(cfg)
+    stop = preempt.preempted_in(error)
+    if stop is not None:  # checkpointed by verl: no export, no summary (the run is not done)
+        record.mark_preempted(run_id, stop.tick, stop.signal_name, tracking_uri)
+        print(f"commrl verl-train: {stop}; rerun to resume (exit {preempt.EXIT_PREEMPTED})", file=sys.stderr)
+        return preempt.EXIT_PREEMPTED
     summary = summarize_run(out_dir, spec, ticks, run_id, tracking_uri)
     status = "FINISHED" if summary.complete and error is None else "FAILED"
     record.finish_run(run_id, status, tracking_uri=tracking_uri)
@@ -155,6 +161,7 @@ def run_verl(cfg) -> Exception | None:
     from commrl.verl_ext.trainer import CommrlTaskRunner
 
     auto_set_device(cfg)
+    preempt.shield()  # Ray's daemons, its workers and vLLM start ignoring SIGUSR1; the TaskRunner watches it
     try:
         run_ppo(cfg, task_runner_class=CommrlTaskRunner)
     except Exception as err:

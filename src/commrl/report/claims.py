@@ -5,10 +5,13 @@ mean over ticks, the best val/acc), then over the seeds of each condition with a
 (``commrl.report.stats``: the seed mean, a difference paired by seed, or a ratio of means). The verdict is
 three-way: PASS when the interval lies entirely on the claim's side of its threshold, MISS when entirely on
 the other side, INCONCLUSIVE when it straddles the threshold or when there is no interval (one seed). A
-claim of two checks (claims 5 and 9) passes when both pass and misses when either misses; its n, estimate
-and interval are those of the check that decides it (the first MISS, else the first INCONCLUSIVE, else the
-first), its reason names every check. A claim whose runs or metrics are missing is ``n/a`` and says what is
-missing.
+claim of two checks (claims 5, 9 and 13) passes when both pass and misses when either misses; its n,
+estimate and interval are those of the check that decides it (the first MISS, else the first INCONCLUSIVE,
+else the first), its reason names every check. A claim over alternatives (claim 14: does any of the rollout
+corrections close the gap) passes when any check passes and misses when every check misses; its deciding
+check is the first PASS, else the first INCONCLUSIVE, else the first, and its reason names the passing
+checks first ("passing: none" when there is none). A claim whose runs or metrics are missing is ``n/a`` and
+says what is missing.
 
 Every threshold lives in ``ClaimThresholds``. "The read tick" is the pair's ``read_at`` tag (per seed, its
 last logged tick not after it), or the last tick when runs carry none.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from typing import Literal, NamedTuple
 
 from commrl.report import curves as cv
 from commrl.report import stats
@@ -27,6 +31,8 @@ from commrl.report.style import format_interval
 
 NA = "n/a"
 STATUSES: tuple[str, ...] = (PASS, MISS, INCONCLUSIVE, NA)
+Combine = Literal["all", "any"]  # a claim's checks: every one must pass, or one passing is enough
+ASYNC_CORRECTIONS: tuple[str, ...] = ("method_async_tis", "method_async_icepop", "method_async_seq_rs")
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,10 @@ class ClaimThresholds:
     same_sampler_min_corr: float = 0.99
     val_max_gap: float = 0.05
     method_min_gain_over_anchor_only: float = 0.0
+    async_method_max_effective_frac: float = 0.35
+    async_method_max_gain_vs_dense: float = 0.0
+    async_correction_max_val_gap: float = 0.05
+    async_tis_max_val_gap: float = 0.05
 
     @classmethod
     def with_overrides(cls, overrides: dict[str, float]) -> ClaimThresholds:
@@ -87,9 +97,11 @@ def check(quantity: str, interval: Interval, side: Side, threshold: float) -> Ch
     return Check(quantity, interval, side, threshold, status, reason)
 
 
-def deciding(checks: tuple[Check, ...]) -> Check:
-    """The check that decides a conjunction: the first MISS, else the first INCONCLUSIVE, else the first."""
-    for status in (MISS, INCONCLUSIVE):
+def deciding(checks: tuple[Check, ...], combine: Combine = "all") -> Check:
+    """The check that decides the claim: of a conjunction (``all``), the first MISS, else the first
+    INCONCLUSIVE, else the first; of alternatives (``any``), the first PASS, else the first INCONCLUSIVE,
+    else the first."""
+    for status in (MISS, INCONCLUSIVE) if combine == "all" else (PASS, INCONCLUSIVE):
         for c in checks:
             if c.status == status:
                 return c
@@ -101,7 +113,8 @@ class Claim:
     """One claim on one pair: its checks, the status of the deciding check, why (each check's interval
     against its threshold), the text shown.
 
-    ``values``: the seed means per condition and the ticks read, for reference.
+    ``values``: the seed means per condition and the ticks read, for reference; ``combine``: ``all`` (every
+    check must pass) or ``any`` (alternatives: one passing check passes the claim).
     """
 
     number: int
@@ -113,10 +126,11 @@ class Claim:
     reason: str
     checks: tuple[Check, ...] = ()
     values: dict[str, float | int | str | None] = field(default_factory=dict)
+    combine: Combine = "all"
 
     @property
     def decided_by(self) -> Check | None:
-        return deciding(self.checks) if self.checks else None
+        return deciding(self.checks, self.combine) if self.checks else None
 
     @property
     def n(self) -> int | None:
@@ -348,9 +362,103 @@ def _beats_anchor_only(runs: PairRuns, t: ClaimThresholds) -> Result:
     )
 
 
+def _val_gains(runs: PairRuns, condition: str) -> tuple[dict[str, float], dict[str, int]]:
+    """Per seed the val/acc gain at the read tick over the seed's first read (tick 0: the base model),
+    and the tick read."""
+    found = cv.per_seed(_series(runs, condition, "val/acc"), lambda s: cv.gain_at(s, runs.read_at()))
+    if not found:
+        raise _Missing(f"no {condition} read of val/acc at or before the read tick {runs.read_at()}")
+    return {k: v for k, (_, v) in found.items()}, {k: t for k, (t, _) in found.items()}
+
+
+def _async_method_starves(runs: PairRuns, t: ClaimThresholds) -> Result:
+    """The note's prediction, trained: under one-step-off-policy rollouts with the sampler's log-probs as
+    old, the clip drops most of the method's tokens (mean over its fast ticks of actor/effective_token_frac,
+    per seed: ``runs.fast_ticks``), and val/acc gains less than dense_async's (gain over tick 0 at the read,
+    by seed)."""
+    frac = stats.mean_interval(_mean_over_ticks(runs, "method_async", "actor/effective_token_frac").values())
+    (gm, tm), (gd, td) = _val_gains(runs, "method_async"), _val_gains(runs, "dense_async")
+    diff = stats.difference_interval(gm, gd)
+    checks = (
+        check(
+            "method_async effective token frac (fast ticks)",
+            frac,
+            "at_most",
+            t.async_method_max_effective_frac,
+        ),
+        check("val gain method_async - dense_async", diff, "at_most", t.async_method_max_gain_vs_dense),
+    )
+    text = (
+        f"method_async effective token frac (fast ticks) {format_interval(frac, '.1%')}; val gain "
+        f"method_async {_mean(gm):.3f} (tick {_ticks(tm)}) vs dense_async {_mean(gd):.3f} "
+        f"(tick {_ticks(td)}), diff {format_interval(diff)}"
+    )
+    values = {
+        "effective_token_frac": frac.estimate,
+        "method_async_gain": _mean(gm),
+        "dense_async_gain": _mean(gd),
+        "diff": diff.estimate,
+    }
+    return checks, text, values
+
+
+def _async_correction_closes_gap(runs: PairRuns, t: ClaimThresholds) -> Result:
+    """Per rollout correction of method_async run, val/acc at the read tick, dense_async - corrected, by
+    seed, against the gap allowed; alternatives: the claim passes when any correction passes."""
+    vd, td = _read(runs, "dense_async", "val/acc")
+    present = [c for c in ASYNC_CORRECTIONS if cv.seed_series(runs, c, "val/acc")]
+    if not present:
+        raise _Missing(f"no {', '.join(ASYNC_CORRECTIONS[:-1])} or {ASYNC_CORRECTIONS[-1]} runs with val/acc")
+    checks, parts, values = [], [], {"dense_async": _mean(vd)}
+    for correction in present:
+        vc, tc = _read(runs, correction, "val/acc")
+        diff = stats.difference_interval(vd, vc)
+        checks.append(
+            check(f"val dense_async - {correction}", diff, "at_most", t.async_correction_max_val_gap)
+        )
+        parts.append(f"{correction} {_mean(vc):.3f} (tick {_ticks(tc)}), diff {format_interval(diff)}")
+        values |= {correction: _mean(vc), f"diff_{correction}": diff.estimate}
+    passing = [c for c, k in zip(present, checks, strict=True) if k.status == PASS]
+    values["passing"] = ", ".join(passing) or "none"
+    absent = [c for c in ASYNC_CORRECTIONS if c not in present]
+    text = f"dense_async {_mean(vd):.3f} (tick {_ticks(td)}) vs " + "; ".join(parts)
+    text += f"; not run: {', '.join(absent)}" if absent else ""
+    return tuple(checks), text, values
+
+
+def _async_tis_costs_nothing(runs: PairRuns, t: ClaimThresholds) -> Result:
+    """val/acc at the read tick, dense_async_tis - dense_async, by seed: token TIS where the only mismatch
+    is one tick of policy lag."""
+    (vt, tt), (vd, td) = _read(runs, "dense_async_tis", "val/acc"), _read(runs, "dense_async", "val/acc")
+    diff = stats.difference_interval(vt, vd)
+    text = (
+        f"dense_async_tis {_mean(vt):.3f} (tick {_ticks(tt)}) vs dense_async {_mean(vd):.3f} "
+        f"(tick {_ticks(td)}); diff {format_interval(diff)}"
+    )
+    values = {"dense_async_tis": _mean(vt), "dense_async": _mean(vd), "diff": diff.estimate}
+    return (
+        (check("val dense_async_tis - dense_async", diff, "within", t.async_tis_max_val_gap),),
+        text,
+        values,
+    )
+
+
 Evaluate = Callable[[PairRuns, ClaimThresholds], Result]
-# (claim, the note's value, threshold text from the thresholds, evaluation)
-CLAIMS: tuple[tuple[str, str, Callable[[ClaimThresholds], str], Evaluate], ...] = (
+
+
+class ClaimSpec(NamedTuple):
+    """One entry of ``CLAIMS``: the claim, the note's value, the threshold text from the thresholds, the
+    evaluation, and how its checks combine (a plain 4-tuple is ``combine="all"``)."""
+
+    claim: str
+    note: str
+    threshold: Callable[[ClaimThresholds], str]
+    evaluate: Evaluate
+    combine: Combine = "all"
+
+
+# (claim, the note's value, threshold text from the thresholds, evaluation[, combine])
+CLAIMS: tuple[ClaimSpec | tuple[str, str, Callable[[ClaimThresholds], str], Evaluate], ...] = (
     (
         "dense learns",
         "~0.35 at step 1 -> 0.709 at tick 100",
@@ -418,6 +526,31 @@ CLAIMS: tuple[tuple[str, str, Callable[[ClaimThresholds], str], Evaluate], ...] 
         lambda t: f"val method - val anchor_only at read > {t.method_min_gain_over_anchor_only:g}",
         _beats_anchor_only,
     ),
+    (
+        "asynchronous method starves: few tokens carry gradient, val gains less than dense_async",
+        "the note's open problem: 'clipping would throw away most of the compressed update' (not trained)",
+        lambda t: (
+            f"method_async effective token frac <= {t.async_method_max_effective_frac:g} and val gain "
+            f"method_async - dense_async <= {t.async_method_max_gain_vs_dense:g}"
+        ),
+        _async_method_starves,
+    ),
+    ClaimSpec(
+        "a rollout correction brings method_async's val to dense_async's",
+        "not in the note (verl's corrections: token TIS, IcePop, sequence rejection)",
+        lambda t: (
+            f"val dense_async - corrected at read <= {t.async_correction_max_val_gap:g} for any of "
+            f"{', '.join(ASYNC_CORRECTIONS)}"
+        ),
+        _async_correction_closes_gap,
+        combine="any",
+    ),
+    (
+        "the correction costs nothing without compression: dense_async_tis as good as dense_async",
+        "not in the note (a control)",
+        lambda t: f"|val dense_async_tis - dense_async| at read <= {t.async_tis_max_val_gap:g}",
+        _async_tis_costs_nothing,
+    ),
 )
 
 
@@ -425,13 +558,20 @@ def evaluate_claims(runs: PairRuns, thresholds: ClaimThresholds | None = None) -
     """Every claim of ``CLAIMS`` on one pair, numbered from 1: PASS, MISS, INCONCLUSIVE or n/a."""
     t = thresholds or ClaimThresholds()
     out = []
-    for number, (claim, note, threshold, evaluate) in enumerate(CLAIMS, start=1):
+    for number, entry in enumerate(CLAIMS, start=1):
+        claim, note, threshold, evaluate, combine = ClaimSpec(*entry)
         try:
             checks, value, values = evaluate(runs, t)
         except _Missing as missing:
-            out.append(Claim(number, claim, note, threshold(t), str(missing), NA, "inputs missing"))
+            out.append(
+                Claim(number, claim, note, threshold(t), str(missing), NA, "inputs missing", combine=combine)
+            )
             continue
-        status = deciding(checks).status
-        reason = "; ".join(c.reason if len(checks) == 1 else f"{c.quantity}: {c.reason}" for c in checks)
-        out.append(Claim(number, claim, note, threshold(t), value, status, reason, checks, values))
+        status = deciding(checks, combine).status
+        alone = len(checks) == 1 and combine == "all"
+        reason = "; ".join(c.reason if alone else f"{c.quantity}: {c.reason}" for c in checks)
+        if combine == "any":
+            passing = [c.quantity for c in checks if c.status == PASS]
+            reason = f"passing: {', '.join(passing) or 'none'}; {reason}"
+        out.append(Claim(number, claim, note, threshold(t), value, status, reason, checks, values, combine))
     return out

@@ -87,6 +87,18 @@ def exact_at(s: Series, tick: int) -> float | None:
     return float(s.values[hit[0]]) if len(hit) else None
 
 
+def first(s: Series) -> tuple[int, float] | None:
+    """``(t_0, y(t_0))``, the first logged tick (the base model's read of a validation curve)."""
+    return (int(s.steps[0]), float(s.values[0])) if len(s.steps) else None
+
+
+def gain_at(s: Series, tick: int | None) -> tuple[int, float] | None:
+    """``(t*, y(t*) - y(t_0))``: ``value_at(s, tick)`` less the first logged value (a validation curve's gain
+    over the base model at the read); None when nothing was logged at or before ``tick``."""
+    at, base = value_at(s, tick), first(s)
+    return None if at is None or base is None else (at[0], at[1] - base[1])
+
+
 def start_mean(s: Series, n: int = 3) -> float | None:
     """The mean of the first ``n`` logged ticks (ticks 0..2 when logging starts at 0): the starting level."""
     values = s.values[:n]

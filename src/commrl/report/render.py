@@ -66,8 +66,10 @@ def reading_guide() -> list[str]:
         f"Verdicts: a claim is PASS when its {level} interval lies entirely on the claim's side of the "
         "threshold, MISS when it lies entirely on the other side, INCONCLUSIVE when it straddles the "
         "threshold or when there is no interval (one seed: 'n=1: no interval'); n/a when its runs or metrics "
-        "are missing. A claim of two checks passes when both pass and misses when either misses. The "
-        "column 'why' gives the deciding interval against the threshold.",
+        "are missing. A claim of two checks passes when both pass and misses when either misses; a claim "
+        "over alternatives (any of several rollout corrections) passes when any passes and misses when all "
+        "miss, and its 'why' opens with the passing checks ('passing: none' if none). The column 'why' "
+        "gives the deciding interval against the threshold.",
     ]
 
 

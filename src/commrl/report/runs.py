@@ -31,6 +31,23 @@ class ReportInputError(ValueError):
     """Bad input to the report (a pair, a tag, an option): the message names it and the fix."""
 
 
+# verl's trainer-vs-sampler read-outs, as the local driver logs them every tick (the names of
+# ``commrl.rl.correction.LOGGED_METRICS``, not imported: that module pulls in torch).
+ROLLOUT_CORR_METRICS: tuple[str, ...] = (
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "rollout_corr/chi2_token",
+    "rollout_corr/chi2_seq",
+    "rollout_corr/log_ppl_abs_diff",
+    "rollout_corr/rollout_is_eff_sample_size",
+    "rollout_corr/rollout_is_mean",
+    "rollout_corr/rollout_is_ratio_fraction_high",
+    "rollout_corr/rollout_is_ratio_fraction_low",
+    "rollout_corr/rollout_rs_masked_fraction",
+    "rollout_corr/rollout_rs_seq_masked_fraction",
+)
+FIRE = "anchor/fire"
+EFFECTIVE_FRAC = "actor/effective_token_frac"  # read on fast ticks only (``fast_ticks``)
 TRAIN_METRICS: tuple[str, ...] = (
     "score/mean",
     "actor/kl_loss",
@@ -38,6 +55,7 @@ TRAIN_METRICS: tuple[str, ...] = (
     "actor/ppo_kl",
     "actor/pg_loss",
     "actor/grad_norm",
+    "actor/effective_token_frac",
     "mismatch/logprob_corr",
     "mismatch/prob_gap",
     "mismatch/async_clip_frac_eps0.2",
@@ -53,6 +71,7 @@ TRAIN_METRICS: tuple[str, ...] = (
     "anchor/grad_cosine_corrected",
     "codec/energy_captured",
     "sign_memory/agreement",
+    *ROLLOUT_CORR_METRICS,
 )
 
 
@@ -214,7 +233,19 @@ def _load_train(client, exp_id: str, pair: str, notes: list[str]) -> list[TrainR
     for train_run, logged in tqdm(kept, desc=f"metric histories ({pair})", unit="run", leave=False):
         wanted = [key for key in TRAIN_METRICS if key in logged]
         train_run.metrics = {key: _history(client, train_run.run_id, key) for key in wanted}
+        if FIRE in logged and EFFECTIVE_FRAC in train_run.metrics:
+            fire = _history(client, train_run.run_id, FIRE)
+            train_run.metrics[EFFECTIVE_FRAC] = fast_ticks(train_run.metrics[EFFECTIVE_FRAC], fire)
     return [train_run for train_run, _ in kept]
+
+
+def fast_ticks(series: Series, fire: Series) -> Series:
+    """``series`` on the ticks the anchor did not fire (``anchor/fire`` = 0). The report reads
+    ``actor/effective_token_frac`` there: a fire's replay is the ratio-one dense update, which nothing clips,
+    so averaging it in would hide what the compressed circuit's clip drops."""
+    fired = set(fire.steps[fire.values > 0].tolist())
+    keep = np.array([step not in fired for step in series.steps], dtype=bool)
+    return Series(series.steps[keep], series.values[keep])
 
 
 def _history(client, run_id: str, key: str) -> Series:

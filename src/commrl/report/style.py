@@ -25,6 +25,14 @@ FALLBACK_COLOURS: tuple[str, ...] = (
     "#637939",
     "#843c39",
 )
+ASYNC_CONDITIONS: tuple[str, ...] = (  # asynchronous training (rl.staleness 1) and its rollout corrections
+    "dense_async",
+    "method_async",
+    "method_async_tis",
+    "method_async_icepop",
+    "method_async_seq_rs",
+    "dense_async_tis",
+)
 CONDITION_ORDER: tuple[str, ...] = (  # display order (the note's); conditions live in configs/condition/
     "dense",
     "method",
@@ -34,6 +42,7 @@ CONDITION_ORDER: tuple[str, ...] = (  # display order (the note's); conditions l
     "prf_mask",
     "dropout",
     "method_same_sampler",
+    *ASYNC_CONDITIONS,
 )
 
 BENCHMARK_NAMES: dict[str, str] = {

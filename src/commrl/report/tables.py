@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from commrl.report import curves as cv
 from commrl.report.runs import SWEEP_PARAMS, PairRuns, Series, Sweep
 from commrl.report.stats import Interval, mean_interval, ratio_interval
-from commrl.report.style import benchmark_label, order_benchmarks, order_conditions
+from commrl.report.style import ASYNC_CONDITIONS, benchmark_label, order_benchmarks, order_conditions
 
 Cell = Interval | float | int | str | None
 KL_TICKS: tuple[int, ...] = (50, 100, 150)
@@ -26,6 +26,17 @@ MISMATCH_METRICS: dict[str, str] = {
     "mismatch/async_clip_frac_5x": "async clip 5x",
 }
 FINISHED_TRIAL_STATES = ("COMPLETE", "FINISHED")
+ASYNC_METRICS: dict[str, str] = {  # per seed, the mean over ticks
+    "actor/effective_token_frac": "effective token frac",
+    "rollout_corr/kl": "rollout_corr kl",
+    "rollout_corr/k3_kl": "k3 kl",
+    "rollout_corr/chi2_token": "chi2 token",
+}
+ASYNC_OPTIONAL_METRICS: dict[str, str] = {  # only the corrections that compute them log them
+    "rollout_corr/rollout_is_eff_sample_size": "IS eff sample size",
+    "rollout_corr/rollout_rs_masked_fraction": "RS masked frac",
+    "rollout_corr/rollout_rs_seq_masked_fraction": "RS seq masked frac",
+}
 
 
 def cell_json(cell: Cell) -> Cell | dict:
@@ -138,7 +149,7 @@ def best_validation(runs: PairRuns) -> Table:
         series = cv.seed_series(runs, condition, "val/acc")
         if not series:
             continue
-        base = cv.per_seed(series, lambda s: float(s.values[0]))
+        _, base = _split(cv.per_seed(series, cv.first))
         best_tick, best = _split(cv.per_seed(series, cv.best))
         ticks, value = _split(cv.per_seed(series, lambda s: cv.value_at(s, runs.read_at())))
         rows.append(
@@ -195,6 +206,45 @@ def mismatch_table(runs: PairRuns) -> Table:
         if rows
         else _empty("mismatch", title, columns, "mismatch/* metrics", runs)
     )
+
+
+def async_table(runs: PairRuns) -> Table | None:
+    """The asynchronous conditions (``style.ASYNC_CONDITIONS``): per seed val/acc at the read tick and its
+    gain over the first read (``curves.gain_at``), and the mean over ticks of the effective token fraction
+    and of verl's rollout_corr read-outs (an optional column only when some run logged it). None when the
+    pair has no asynchronous run (Figure 14's note says so)."""
+    conditions = order_conditions(runs.conditions() & set(ASYNC_CONDITIONS))
+    optional = {
+        m: label
+        for m, label in ASYNC_OPTIONAL_METRICS.items()
+        if any(cv.seed_series(runs, c, m) for c in conditions)
+    }
+    metrics = ASYNC_METRICS | optional
+    columns = ["condition", "seeds", "read tick", "val at read", "val gain", *metrics.values()]
+    rows: list[list[Cell]] = []
+    for condition in conditions:
+        val = cv.seed_series(runs, condition, "val/acc")
+        found = {m: cv.seed_series(runs, condition, m) for m in metrics}
+        if not val and not any(found.values()):
+            continue
+        ticks, at = _split(cv.per_seed(val, lambda s: cv.value_at(s, runs.read_at())))
+        _, gain = _split(cv.per_seed(val, lambda s: cv.gain_at(s, runs.read_at())))
+        means = [_interval(cv.per_seed(s, cv.mean_over_ticks).values()) for s in found.values()]
+        seeds = max(len(val), *(len(s) for s in found.values()))
+        rows.append(
+            [
+                condition,
+                seeds,
+                _tick(ticks.values()),
+                _interval(at.values()),
+                _interval(gain.values()),
+                *means,
+            ]
+        )
+    if not rows:
+        return None
+    title = "Asynchronous training and rollout correction (val at the read tick, the rest mean over ticks)"
+    return Table("async", title, columns, rows)
 
 
 def bytes_table(runs: PairRuns) -> Table:
@@ -317,7 +367,8 @@ def sweep_table(runs: PairRuns) -> Table | None:
 
 
 def pair_tables(runs: PairRuns) -> list[Table]:
-    """Every table of one pair, in report order (the sweep table only when the pair has sweeps)."""
+    """Every table of one pair, in report order (the async table only when the pair has asynchronous runs,
+    the sweep table only when it has sweeps)."""
     tables = [
         final_scores(runs),
         best_validation(runs),
@@ -326,5 +377,5 @@ def pair_tables(runs: PairRuns) -> list[Table]:
         bytes_table(runs),
         benchmark_table(runs),
     ]
-    sweeps = sweep_table(runs)
-    return tables + ([sweeps] if sweeps is not None else [])
+    optional = (async_table(runs), sweep_table(runs))
+    return tables + [t for t in optional if t is not None]

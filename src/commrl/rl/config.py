@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from commrl import config_tree
+from commrl.rl.correction import BEHAVIOUR_LOGPROBS, CorrectionError, RolloutCorrection
 
 SCHEMA_NAME = "commrl_train_schema"  # the structured schema the Hydra tree starts from (configs/train)
 
@@ -80,6 +81,9 @@ class RLConfig:
     norm_adv_by_std: bool = True
     val_every: int = 10
     read_at: int = 60
+    staleness: int = 0  # k: tick t trains on rollouts sampled with the weights of tick t - k (async RL)
+    behaviour_logprobs: str = "trainer"  # trainer: recompute old (decoupled) | sampler: verl's bypass mode
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)  # verl's keys
 
     def validate(self) -> None:
         _range("rl.ticks", self.ticks, 1, None)
@@ -111,6 +115,12 @@ class RLConfig:
         )
         _range("rl.val_every", self.val_every, 1, None)
         _range("rl.read_at", self.read_at, 1, self.ticks)
+        _range("rl.staleness", self.staleness, 0, self.ticks - 1)
+        _choice("rl.behaviour_logprobs", self.behaviour_logprobs, BEHAVIOUR_LOGPROBS)
+        try:
+            self.rollout_correction.validate()
+        except CorrectionError as err:
+            raise ConfigError(str(err)) from None
 
 
 @dataclass
@@ -213,6 +223,9 @@ def _build(cls, raw: Mapping[str, Any], prefix: str):
     kwargs = {}
     for name, value in raw.items():
         f = fields[name]
+        if f.type in ("Any", "typing.Any"):  # verl's str-or-float thresholds: checked by validate()
+            kwargs[name] = value
+            continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(default):
             kwargs[name] = _build(type(default), value, f"{prefix}{name}.")

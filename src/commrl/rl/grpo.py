@@ -15,10 +15,20 @@ from commrl.rl.config import RLConfig
 
 
 def actor_config(rl: RLConfig, mini_batch_sequences: int):
-    """verl's ``ActorConfig`` carrying the clip ratios and aggregation mode its loss functions read."""
-    from verl.workers.config.actor import ActorConfig
+    """verl's ``ActorConfig`` carrying the clip ratios and aggregation mode its loss functions read.
 
+    ``rl.behaviour_logprobs: sampler`` selects verl's bypass-mode loss (``loss_mode: bypass_mode``, with the
+    run's ``rollout_correction``), exactly as verl's ``apply_bypass_mode`` sets it up.
+    """
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    policy_loss = PolicyLossConfig()
+    if rl.behaviour_logprobs == "sampler":
+        policy_loss = PolicyLossConfig(
+            loss_mode="bypass_mode", rollout_correction=rl.rollout_correction.to_verl(bypass_mode=True)
+        )
     return ActorConfig(
+        policy_loss=policy_loss,
         strategy="fsdp",
         rollout_n=rl.group_size,
         ppo_mini_batch_size=max(1, mini_batch_sequences // rl.group_size),
@@ -54,10 +64,11 @@ def grpo_advantages(
 
 
 def set_global_batch(actor_cfg, response_mask: torch.Tensor) -> None:
-    """Aggregate every micro-batch's loss over the whole mini-batch (``response_mask`` of the mini-batch)."""
+    """Aggregate every micro-batch's loss over the whole mini-batch (``response_mask`` of the mini-batch;
+    at least one token, so a mini-batch that rejection sampling emptied gives a zero loss, not NaN)."""
     actor_cfg.global_batch_info.update(
         dp_size=1,
-        batch_num_tokens=int(response_mask.sum().item()),
+        batch_num_tokens=max(1, int(response_mask.sum().item())),
         global_batch_size=int(response_mask.shape[0]),
         loss_scale_factor=None,
     )
@@ -70,8 +81,16 @@ def grpo_loss(
     ref_log_prob: torch.Tensor | None,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+    eligible_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """``pg_loss + kl_coef * kl_loss`` for one micro-batch, and verl's metric names."""
+    """``pg_loss + kl_coef * kl_loss`` for one micro-batch, and verl's metric names.
+
+    ``rollout_is_weights`` (decoupled rollout correction) multiply the per-token policy loss, as verl's
+    actor passes them. ``eligible_mask`` (the mask before rejection sampling) adds the counts of
+    ``effective_token_counts`` as ``actor/effective_tokens`` and ``actor/eligible_tokens``. The bypass-mode
+    loss's own ``rollout_corr/*`` read-outs are dropped: the driver logs them once per tick.
+    """
     from verl.trainer.ppo import core_algos
 
     mask = response_mask.bool()
@@ -83,15 +102,35 @@ def grpo_loss(
         response_mask=mask,
         loss_agg_mode=actor_cfg.loss_agg_mode,
         config=actor_cfg,
+        rollout_is_weights=rollout_is_weights,
     )
-    metrics = {k: float(v) for k, v in pg_metrics.items()}
+    metrics = {k: float(v) for k, v in pg_metrics.items() if not k.startswith("rollout_corr/")}
     metrics["actor/pg_loss"] = float(pg_loss.detach())
+    if eligible_mask is not None and log_prob.requires_grad:
+        carrying, eligible = effective_token_counts(pg_loss, log_prob, advantages, eligible_mask)
+        metrics["actor/effective_tokens"] = float(carrying)
+        metrics["actor/eligible_tokens"] = float(eligible)
     loss = pg_loss
     if actor_cfg.use_kl_loss and ref_log_prob is not None:
         kl = kl_value(actor_cfg, log_prob, ref_log_prob, mask)
         loss = loss + actor_cfg.kl_loss_coef * kl
         metrics["actor/kl_loss_minibatch"] = float(kl.detach())
     return loss, metrics
+
+
+def effective_token_counts(
+    pg_loss: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> tuple[int, int]:
+    """(tokens whose policy-gradient loss moves the policy, eligible tokens) of one micro-batch.
+
+    Eligible: a valid response token (``mask``, before rejection) with a nonzero advantage. It carries
+    gradient when ``d pg_loss / d log_pi_t != 0``: not clipped, not rejected, not zero-weighted by a
+    correction. Exact, from autograd on the loss verl computed (no model pass; the graph is kept).
+    ``actor/effective_token_frac`` = carrying / eligible over a tick.
+    """
+    (grad,) = torch.autograd.grad(pg_loss, log_prob, retain_graph=True)
+    eligible = mask.bool() & (advantages != 0)
+    return int((eligible & (grad != 0)).sum()), int(eligible.sum())
 
 
 def kl_value(actor_cfg, log_prob, ref_log_prob, mask) -> torch.Tensor:

@@ -15,7 +15,7 @@ at every weight push.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,7 +66,8 @@ class Sampler:
     def greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
         raise NotImplementedError
 
-    def push_weights(self, model: nn.Module) -> None:
+    def push_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load a policy's ``state_dict`` (the trainer's live weights, or an older one under staleness)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -90,8 +91,8 @@ class HFSampler(Sampler):
                 layer.register_forward_hook(_hf_codec_hook(codec, i))
 
     @torch.no_grad()
-    def push_weights(self, model: nn.Module) -> None:
-        self.model.load_state_dict(model.state_dict())
+    def push_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
 
     def _shared_prompt_cache(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
         """KV cache of ``ids[:, :-1]`` computed once per prompt, then repeated for its ``n`` samples."""
@@ -203,8 +204,8 @@ class VLLMSampler(Sampler):
         if codec is not None:
             self.llm.apply_model(lambda m: _install_vllm_codec(m, codec))
 
-    def push_weights(self, model: nn.Module) -> None:
-        state = [(k, v.detach()) for k, v in model.state_dict().items()]
+    def push_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        state = [(k, v.detach()) for k, v in state.items()]
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": state, "is_checkpoint_format": True}
         )

@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from commrl import tracking
-from commrl.rl import grpo
+from commrl.rl import correction, grpo
 from commrl.rl.batch import RolloutBatch, build_batch, micro_batches
 from commrl.rl.checkpoint import CheckpointStore
 from commrl.rl.config import ConfigError, TrainConfig
@@ -43,8 +43,9 @@ from commrl.rl.mismatch import mismatch_metrics
 from commrl.rl.packing import use_shared_prefix_attention
 from commrl.rl.reward import boxed_reward
 from commrl.rl.sampler import HFSampler, Sampler, SamplerCodec, VLLMSampler
+from commrl.rl.staleness import WeightHistory, behaviour_version
 from commrl.rl.timing import PhaseTimer
-from commrl.run import record
+from commrl.run import preempt, record
 from commrl.run.hooks import StopTraining, TrainCallbacks
 from commrl.run.record import RunSpec
 from commrl.run.summary import FINAL_DIR, RunSummary, read_point, read_point_dir_name
@@ -115,6 +116,9 @@ class LocalTrainer:
         self.monitor = CollapseMonitor(cfg.health)
         self.timer = PhaseTimer()
         self._step = 0
+        self.weights = WeightHistory(cfg.rl.staleness)
+        self._version = 0  # the live weights' version: ticks trained (commrl.rl.staleness)
+        self._sampler_version: int | None = None  # the version the sampler holds
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -175,6 +179,9 @@ class LocalTrainer:
         self.forward_is_deterministic = cfg.model.attention_dropout == 0 and not any(
             isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules()
         )
+        self.bypass = cfg.rl.behaviour_logprobs == "sampler"  # verl's bypass mode: old = sampler log-probs
+        self.correction = cfg.rl.rollout_correction
+        self.decoupled_correction = self.correction.enabled and not self.bypass
 
     def _build_sampler(self) -> Sampler:
         cfg = self.cfg
@@ -262,6 +269,7 @@ class LocalTrainer:
             "optimizer": self.optimizer.state_dict(),
             "controller": self.ctrl.state_dict(),
             "monitor": self.monitor.state_dict(),
+            "weight_history": self.weights.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "pending": self.pending,
             "val_acc": self.val_acc,
@@ -273,6 +281,8 @@ class LocalTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.ctrl.load_state_dict(state["controller"])
         self.monitor.load_state_dict(state["monitor"])
+        if "weight_history" in state:
+            self.weights.load_state_dict(state["weight_history"])
         torch.set_rng_state(state["torch_rng"])
         self.pending = list(state["pending"])
         self.val_acc = dict(state["val_acc"])
@@ -284,8 +294,18 @@ class LocalTrainer:
         self._flush_metrics()
 
     # ------------------------------------------------------------------ one tick
+    def _sync_sampler(self, version: int) -> None:
+        """Give the sampler weight version ``version`` (the live weights, or one from the history)."""
+        if version == self._sampler_version:
+            return
+        state = self.model.state_dict() if version == self._version else self.weights.get(version)
+        self.sampler.push_weights(state)
+        self._refresh_sampler_codec()
+        self._sampler_version = version
+
     def _sample(self, tick: int) -> tuple[RolloutBatch, torch.Tensor]:
         cfg = self.cfg
+        self._sync_sampler(behaviour_version(tick, cfg.rl.staleness))
         idx = tick_prompt_indices(len(self.train_set), cfg.rl.prompts_per_tick, tick, cfg.seed)
         prompts = [self.train_set.token_ids[i] for i in idx]
         groups = self.sampler.sample(
@@ -324,16 +344,19 @@ class LocalTrainer:
         return torch.cat(parts)
 
     def _dense_replay(
-        self, batch, adv, ref_dense, metrics_out: dict | None, through_codec: bool = False
+        self, batch, adv, ref_dense, metrics_out: dict | None, through_codec: bool = False, corr=None
     ) -> Callable[[], None]:
         """The anchor's replay: forward+backward of the GRPO loss over the whole batch, ratio one; dense (the
         controller sketches it), or ``through_codec`` with micro-batch ``j`` in ``compressed(j)`` as on a
-        fast tick (the fire's ``codec_replay``, for ``anchor/grad_cosine_*``: same loss, same weights)."""
+        fast tick (the fire's ``codec_replay``, for ``anchor/grad_cosine_*``: same loss, same weights).
+        ``corr``: a decoupled rollout correction of the replay's loss (from the dense old pass)."""
+        loss_mask = corr.mask if corr is not None else batch.response_mask
+        weights = corr.weights if corr is not None else None
 
         def replay() -> None:
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
-            grpo.set_global_batch(self.actor_cfg, batch.response_mask)
+            grpo.set_global_batch(self.actor_cfg, loss_mask)
             acc: dict[str, list[float]] = {}
             for mb_id, mb in micro_batches(batch, self.micro):
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
@@ -346,26 +369,37 @@ class LocalTrainer:
                 with session:
                     lp = response_log_probs(self.model, pack, mb.responses, self.cfg.sampler.temperature)
                     loss, m = grpo.grpo_loss(
-                        self.actor_cfg, lp, lp.detach(), ref_dense[rows], adv[rows], mb.response_mask
+                        self.actor_cfg,
+                        lp,
+                        lp.detach(),
+                        ref_dense[rows],
+                        adv[rows],
+                        loss_mask[rows],
+                        None if weights is None else weights[rows],
+                        eligible_mask=None if metrics_out is None else mb.response_mask,
                     )
                     check_finite(float(loss.detach()), self._step)
                     loss.backward()
                 for k, v in m.items():
                     acc.setdefault(k, []).append(v)
             if metrics_out is not None:
-                metrics_out.update({k: float(np.mean(v)) for k, v in acc.items()})
+                metrics_out.update(_mean_metrics(acc))
 
         return replay
 
-    def _fast_update(self, batch, adv, old, ref, fill_first: bool = False) -> dict[str, float]:
+    def _fast_update(self, batch, adv, old, ref, fill_first: bool = False, corr=None) -> dict[str, float]:
         """One optimizer step per mini-batch through the codec. ``fill_first``: ``old`` has no rows for the
-        first mini-batch yet; its training forward (same weights, codec and randomness) provides them."""
+        first mini-batch yet; its training forward (same weights, codec and randomness) provides them.
+        ``old`` is the clipped objective's behaviour log-probs (the sampler's in bypass mode); ``corr``: a
+        decoupled rollout correction (verl's IS weights and rejection mask)."""
         acc: dict[str, list[float]] = {}
+        loss_mask = corr.mask if corr is not None else batch.response_mask
+        weights = corr.weights if corr is not None else None
         self.model.train()
         for start in range(0, batch.size, self.per_mini):
             stop = start + self.per_mini
             self.optimizer.zero_grad(set_to_none=True)
-            grpo.set_global_batch(self.actor_cfg, batch.response_mask[start:stop])
+            grpo.set_global_batch(self.actor_cfg, loss_mask[start:stop])
             for mb_id, mb in micro_batches(batch, self.micro, start, stop):
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
                 pack = mb.pack()
@@ -374,7 +408,14 @@ class LocalTrainer:
                     if fill_first and start == 0:
                         old[rows] = lp.detach()
                     loss, m = grpo.grpo_loss(
-                        self.actor_cfg, lp, old[rows], ref[rows], adv[rows], mb.response_mask
+                        self.actor_cfg,
+                        lp,
+                        old[rows],
+                        ref[rows],
+                        adv[rows],
+                        loss_mask[rows],
+                        None if weights is None else weights[rows],
+                        eligible_mask=mb.response_mask,
                     )
                     check_finite(float(loss.detach()), self._step)
                     loss.backward()
@@ -385,7 +426,7 @@ class LocalTrainer:
             acc.setdefault("actor/grad_norm", []).append(float(norm))
             if self.ctrl.is_update_tick():  # method.fast_step=false: no optimizer step between fires
                 self.optimizer.step()
-        return {k: float(np.mean(v)) for k, v in acc.items()}
+        return _mean_metrics(acc)
 
     def _tick(self, tick: int) -> dict[str, float]:
         cfg = self.cfg
@@ -399,7 +440,8 @@ class LocalTrainer:
             self.ctrl.calibrate(lambda: self._log_probs(self.model, batch, "plain"))
         # On a fast tick the first mini-batch's training forward is the old-log-prob pass itself (same
         # weights, codec and randomness; no dropout), so the old pass skips its rows (verl's on-policy case).
-        reuse = not fire and self.forward_is_deterministic
+        # A decoupled correction needs every row's old log-prob first; bypass mode needs them for read-outs.
+        reuse = not (fire or self.decoupled_correction or self.bypass) and self.forward_is_deterministic
         old = self._log_probs(self.model, batch, "compressed", start=self.per_mini if reuse else 0)
         ref_mode = "compressed" if self.method.kl_ref_forward == "codec" else "dense"
         ref = self._log_probs(self.ref, batch, ref_mode)
@@ -420,26 +462,43 @@ class LocalTrainer:
             metrics["policy/kl_true_weights"] = float(
                 grpo.kl_value(self.actor_cfg, batch.sampler_log_probs, ref_dense, mask.bool())
             )
+        # A decoupled correction (verl's IS weights and rejection mask) from the trainer's old pass.
+        corr = None
+        if self.decoupled_correction:
+            corr = correction.correct(old, batch.sampler_log_probs, mask, self.correction)
+            metrics.update(corr.metrics)
+        behaviour = batch.sampler_log_probs if self.bypass else old
         if fire:
+            # The anchor's update is dense: in decoupled mode its behaviour-vs-old ratio is the dense
+            # policy's, pi_old_dense / pi_sampler (one dense pass, counted), not the compressed one's.
+            anchor_corr = None
+            if self.decoupled_correction:
+                old_dense = self._log_probs(self.model, batch, "dense")
+                anchor_corr = correction.correct(old_dense, batch.sampler_log_probs, mask, self.correction)
+                metrics.update({f"anchor/{k}": v for k, v in anchor_corr.metrics.items()})
             replay_metrics: dict[str, float] = {}
             self.ctrl.fire(
-                self._dense_replay(batch, adv, ref_dense, replay_metrics),
-                self._dense_replay(batch, adv, ref_dense, None, through_codec=True),
+                self._dense_replay(batch, adv, ref_dense, replay_metrics, corr=anchor_corr),
+                self._dense_replay(batch, adv, ref_dense, None, through_codec=True, corr=anchor_corr),
             )
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.rl.grad_clip)
             self.optimizer.step()
             replay_metrics["actor/grad_norm"] = float(norm)
             metrics.update(replay_metrics)
         else:
-            metrics.update(self._fast_update(batch, adv, old, ref, fill_first=reuse))
+            metrics.update(self._fast_update(batch, adv, behaviour, ref, fill_first=reuse, corr=corr))
         grpo.set_global_batch(self.actor_cfg, mask)
         metrics["actor/kl_loss"] = float(grpo.kl_value(self.actor_cfg, old, ref, mask.bool()))
         metrics.update(mismatch_metrics(batch.sampler_log_probs, old, mask))
+        if corr is None:  # verl's trainer-vs-sampler read-outs (rollout_corr/*), every tick
+            off = correction.RolloutCorrection()
+            metrics.update(correction.correct(old, batch.sampler_log_probs, mask, off).metrics)
         metrics.pop("actor/kl_loss_minibatch", None)
         metrics.update(self.ctrl.end_tick())  # comm/*, and the fire's / calibration's / fast steps' read-outs
         t_train = time.perf_counter() - t0 - t_sample
-        self.sampler.push_weights(self.model)
-        self._refresh_sampler_codec()
+        self._version = tick + 1
+        self.weights.record(self._version, self.model)
+        self._sync_sampler(behaviour_version(tick + 1, cfg.rl.staleness))
         metrics["time/sample_s"] = t_sample
         metrics["time/train_s"] = t_train
         metrics["time/step_s"] = time.perf_counter() - t0
@@ -458,6 +517,7 @@ class LocalTrainer:
             return self._greedy_accuracy(step)
 
     def _greedy_accuracy(self, step: int) -> float:
+        self._sync_sampler(self._version)  # validation reads the live policy, whatever the staleness
         prompts = self.val_set.token_ids
         outs = self.sampler.greedy(prompts, self.cfg.sampler.max_new_tokens)
         texts = self.tokenizer.batch_decode(outs, skip_special_tokens=True)
@@ -478,10 +538,12 @@ class LocalTrainer:
         if latest is not None:
             start = self._restore(latest[1])
             resumed_run = latest[1].get("run_id")
+        self._version = start
+        if start == 0:
+            self.weights.record(0, self.model)
         with self.timer.phase("tracking"):
             self._start_tracking(resumed_run)
-        self.sampler.push_weights(self.model)
-        self._refresh_sampler_codec()
+        self._sync_sampler(self._version)
         stopped: str | None = None
         status = "FINISHED"
         ticks = cfg.rl.ticks
@@ -521,9 +583,16 @@ class LocalTrainer:
                 if step == cfg.rl.read_at and step < ticks:
                     with self.timer.phase("checkpoint"):
                         self._save_hf(self.out / read_point_dir_name(step))
-                if step % cfg.checkpoint.every == 0 or step == ticks:
+                preempted = preempt.requested() and step < ticks
+                if step % cfg.checkpoint.every == 0 or step == ticks or preempted:
                     self._checkpoint(step)
                 tick = step
+                if preempted:
+                    raise preempt.Preempted(step, preempt.received())
+        except preempt.Preempted as stop:  # checkpointed: no final model, no summary; a rerun resumes
+            if self.run_id:
+                record.mark_preempted(self.run_id, stop.tick, stop.signal_name, self.tracking_uri)
+            raise
         except StopTraining as stop:
             stopped = str(stop)
             self._checkpoint(self._step)
@@ -583,6 +652,15 @@ class LocalTrainer:
             "checkpoints": [f"checkpoints/tick_{t:06d}" for t in self.store.ticks()],
             "final": sorted(p.name for p in final.iterdir()) if final.is_dir() else [],
         }
+
+
+def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
+    """Means over micro-batches; token counts are summed into ``actor/effective_token_frac``."""
+    carrying, eligible = acc.pop("actor/effective_tokens", None), acc.pop("actor/eligible_tokens", None)
+    out = {k: float(np.mean(v)) for k, v in acc.items()}
+    if carrying is not None and eligible is not None:
+        out["actor/effective_token_frac"] = float(sum(carrying) / max(1.0, sum(eligible)))
+    return out
 
 
 def train_from_config(

@@ -9,7 +9,9 @@ of either driver carries the same tag set and can be found, read and resumed the
 - ``DIR/mlflow_run_id``: the run of an earlier attempt in the same folder, reopened by the next attempt;
 - config params: MLflow params are immutable, so a resume logs only the new keys, and a key whose value
   changed is recorded as an artifact (``config/changed_<time>.json``, old and new) and the tag
-  ``config_changed`` instead of failing (verl's ``Tracking`` drops its MLflow backend on that error).
+  ``config_changed`` instead of failing (verl's ``Tracking`` drops its MLflow backend on that error);
+- the end: ``finish_run`` (FINISHED | FAILED), or ``mark_preempted`` (KILLED with the tag ``preempted``, the
+  tick checkpointed on a preemption request: ``commrl.run.preempt``), which the next attempt reopens.
 """
 
 from __future__ import annotations
@@ -202,3 +204,14 @@ def finish_run(
     for key, value in (tags or {}).items():
         client.set_tag(run_id, key, str(value)[:MAX_TAG_LENGTH])
     client.set_terminated(run_id, status)
+
+
+def mark_preempted(
+    run_id: str | None, tick: int | None, signal_name: str, tracking_uri: str | None = None
+) -> None:
+    """End a run stopped on a preemption request KILLED, not FAILED, with the tags ``preempted`` (the tick
+    its checkpoint holds) and ``preempted_by`` (the signal); the rerun reopens it RUNNING (``open_run``)."""
+    tags = {"preempted_by": signal_name}
+    if tick is not None:
+        tags["preempted"] = str(tick)
+    finish_run(run_id, "KILLED", tags, tracking_uri)

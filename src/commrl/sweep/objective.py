@@ -5,8 +5,10 @@ driver (``LocalDriver``: ``LocalTrainer`` in this process; ``verl_driver.VerlDri
 as a subprocess) and turns the outcome into Optuna's: the value is ``val/acc`` at ``read_at``; every
 validation before it is reported, and a pruner's verdict or a collapse alarm (``health/alarm``) stops the
 run through ``StopTraining``, which becomes ``optuna.TrialPruned`` (a grid study stops nothing: every point
-is read at ``read_at``, alarm or not; ``commrl.sweep.grid``). The trial's MLflow run is the trainer's,
-nested under the sweep's parent run; it ends FINISHED with tag ``optuna.state`` = COMPLETE or PRUNED.
+is read at ``read_at``, alarm or not; ``commrl.sweep.grid``). A preempted trial (``preempt.Preempted``: it
+checkpointed on SIGUSR1 / SIGTERM) ends FAIL with its retry queued at once, same params, same folder.
+The trial's MLflow run is the trainer's, nested under the sweep's parent run; it ends FINISHED with tag
+``optuna.state`` = COMPLETE or PRUNED.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import optuna
 
 from commrl import tracking
 from commrl.rl.health import NonFiniteLossError
-from commrl.run import record
+from commrl.run import preempt, record
 from commrl.run.hooks import StopTraining, TrainCallbacks
 from commrl.run.record import RunSpec
 from commrl.run.summary import RunSummary
@@ -141,9 +143,11 @@ class SweepObjective:
                 hooks.reason = hooks.reason or str(stop)
             except NonFiniteLossError as err:
                 hooks.reason = f"diverged: {err}"
-            except KeyboardInterrupt:  # Optuna marks the trial FAIL: queue its retry as for a killed worker
+            except (KeyboardInterrupt, preempt.Preempted) as stop:
+                # Optuna marks the trial FAIL: queue its retry now, as the heartbeat reaper would for a dead
+                # worker, so that the next worker resumes it at once (its checkpoint, its MLflow run)
                 retry_callback(self.cfg.heartbeat)(trial.study, self._frozen(trial))
-                trial.set_user_attr("note", "interrupted; re-enqueued with the same params")
+                trial.set_user_attr("note", f"{str(stop) or 'interrupted'}; re-enqueued with the same params")
                 raise
         run_id = (result.mlflow_run_id if result else None) or hooks.run_id()
         if run_id:

@@ -7,7 +7,8 @@ to the same hooks as the local trainer. The trial's outcome is the ``summary.jso
 the hooks stop the trial, the child's process group gets SIGTERM (SIGKILL after a grace period) and the run
 ends FINISHED with tag ``stopped_early``. The child also gets SIGTERM when the worker dies
 (``PR_SET_PDEATHSIG``), so a killed worker leaves no orphan training on its node; the retry resumes from the
-run's checkpoints.
+run's checkpoints. The child starts with SIGUSR1 ignored (``preempt.shield``: its Ray helpers must survive
+Slurm's warning); when it exits 75 (preempted, checkpoint written) the trial raises ``preempt.Preempted``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from commrl import tracking
-from commrl.run import record
+from commrl.run import preempt, record
 from commrl.run.hooks import StopTraining, TrainCallbacks
 from commrl.run.record import RunSpec
 from commrl.run.summary import RunSummary, SummaryError
@@ -34,9 +35,11 @@ from commrl.sweep.trial_config import verl_command
 POLL_S = 30.0  # seconds between two looks at the run's metrics
 TERM_GRACE_S = 60.0  # seconds a stopped child has to checkpoint and exit before SIGKILL
 # Exec'd in front of the child on Linux: asks for SIGTERM when the worker dies (prctl PR_SET_PDEATHSIG = 1),
-# exits if the worker died already. (A preexec_fn would do the same but is unsafe with the heartbeat thread.)
+# exits if the worker died already, ignores SIGUSR1 (inherited across exec, as ``preempt.shield``). (A
+# preexec_fn would do the same but is unsafe with the heartbeat thread.)
 _ORPHAN_GUARD = (
     "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+    "signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
     "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execvp(sys.argv[2], sys.argv[2:])"
 )
 
@@ -87,6 +90,8 @@ class VerlDriver:
             except BaseException:
                 self._terminate(proc)
                 raise
+        if proc.returncode == preempt.EXIT_PREEMPTED:
+            raise preempt.Preempted(None, preempt.received())
         if proc.returncode != 0:
             raise SweepError(f"commrl verl-train exited with status {proc.returncode}; see {log_path}")
         try:

@@ -5,7 +5,9 @@ trials of dead workers (failed, then re-enqueued with the same params), then run
 COMPLETE + PRUNED + RUNNING < ``n_trials``. When the rest of the budget is held by RUNNING trials, it
 watches their heartbeats for two intervals: if one is silent (its worker died, perhaps a moment ago), it
 waits for the grace period, reaps it and runs the retry, so that a rerun after a crash or a preemption
-always finishes the study.
+always finishes the study. A preemption request (SIGUSR1 / SIGTERM, ``commrl.run.preempt``) stops the
+worker after the running trial's next tick: the trial checkpoints, its retry is queued at once with the
+same params, and the worker raises ``Preempted`` (``commrl sweep worker`` exits 75).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from optuna.trial import FrozenTrial
 from tqdm.auto import tqdm
 
 from commrl import tracking
+from commrl.run import preempt
 from commrl.sweep.budget import BudgetFilled, StopWhenBudgetUsed, budget_used, finished
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.heartbeat import reap_stale_trials, silent_trials
@@ -57,9 +60,13 @@ def run_worker(
         ran.append(trial.number)
         bar.n = min(finished(study), cfg.n_trials)
         bar.refresh()
+        if preempt.requested():
+            study.stop()
 
     try:
         while True:
+            if preempt.requested():  # between trials: nothing to save, the next worker takes the rest
+                raise preempt.Preempted(None, preempt.received())
             reaped += reap_stale_trials(study, cfg.heartbeat)
             if finished(study) >= cfg.n_trials:
                 break

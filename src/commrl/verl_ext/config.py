@@ -8,6 +8,16 @@ then what commrl derives (model path, data files, ticks, validation cadence, MLf
 the reward), then the command line's own -- and ``compose_verl_config`` composes verl's config with them,
 so verl's Hydra tree stays the single schema.
 
+Off-policy settings are the local driver's keys, read from the tree's ``rl:`` block (a condition file or the
+command line sets them): ``rl.rollout_correction`` (``commrl.rl.correction.RolloutCorrection``, validated by
+it) becomes verl's ``algorithm.rollout_correction.*`` (decoupled mode: the trainer recomputes the old
+log-probs, verl's driver computes the IS weights and the rejection mask), and ``rl.behaviour_logprobs:
+sampler`` sets its ``bypass_mode`` (the sampler's log-probs are the clipped objective's ``old``). In bypass
+mode the policy loss must change in the workers, which verl 0.9.1's ``RayPPOTrainer`` only does in its own
+process, after the workers are built (``apply_bypass_mode``; verl issue #4912): ``run_overrides`` therefore
+also sets the workers' ``actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode`` and its
+``rollout_correction``. ``rl.staleness > 0`` is rejected: the legacy trainer is synchronous.
+
 How the method config reaches the workers: verl converts ``actor_rollout_ref.actor``/``.model`` into
 dataclasses that reject unknown keys, and the engine sees nothing else, so the ``MethodConfig`` travels as
 JSON in the environment variable ``COMMRL_METHOD``, set through Ray's job-level runtime environment
@@ -24,12 +34,13 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from commrl import config_tree, tracking
 from commrl.compression.config import ConfigError, MethodConfig
+from commrl.rl.correction import BEHAVIOUR_LOGPROBS, CorrectionError, RolloutCorrection
 
 METHOD_ENV = "COMMRL_METHOD"
 EXTERNAL_LIB = "commrl.verl_ext"
@@ -49,8 +60,20 @@ COMMRL_KEYS = (
     "val_every",
     "unsupported_drivers",
     "method",
+    "rl",
     "resources",
     "verl",
+)
+RL_KEYS = ("staleness", "behaviour_logprobs", "rollout_correction")  # the rl.* keys this driver reads
+ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"  # verl's; derived from rl.* only
+POLICY_LOSS_KEY = "actor_rollout_ref.actor.policy_loss"
+STALENESS_UNSUPPORTED = (
+    "rl.staleness={k} is not supported by the verl driver: verl 0.9.1's legacy RayPPOTrainer, the trainer "
+    "the commrl engine runs in, is synchronous (each tick samples with the weights it then trains), and "
+    "its asynchronous trainers (verl.experimental.one_step_off_policy, fully_async_policy) need their own "
+    "TaskRunner and a rollout pool apart from the trainer's, which `commrl verl-train` does not drive. "
+    "Train rl.staleness > 0 with `commrl train`, or set rl.staleness=0 (rl.behaviour_logprobs and "
+    "rl.rollout_correction run synchronously on this driver)"
 )
 
 
@@ -70,6 +93,12 @@ class VerlRun:
     attention_dropout: float
     method: MethodConfig
     verl: Mapping[str, Any] = field(default_factory=dict)  # the pair's verl recipe (nested keys)
+    behaviour_logprobs: str = "trainer"  # rl.behaviour_logprobs: sampler = verl's bypass mode
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)  # rl.rollout_correction
+
+    @property
+    def bypass_mode(self) -> bool:
+        return self.behaviour_logprobs == "sampler"
 
     @property
     def run_name(self) -> str:
@@ -174,6 +203,7 @@ def run_from_dict(values: Mapping[str, Any], explicit_ticks: bool = False) -> Ve
             attention_dropout=float(model.get("attention_dropout", 0.0)),
             method=MethodConfig.from_dict(method),
             verl=dict(values.get("verl") or {}),
+            **rl_settings(values.get("rl") or {}),
         )
     except KeyError as err:  # a pair file without model/dataset/ticks/...
         key = err.args[0]
@@ -184,6 +214,83 @@ def run_from_dict(values: Mapping[str, Any], explicit_ticks: bool = False) -> Ve
     if not 0.0 <= run.attention_dropout < 1.0:
         raise ConfigError(f"model.attention_dropout={run.attention_dropout} is invalid: must be in [0, 1)")
     return run
+
+
+def rl_settings(rl: Mapping[str, Any]) -> dict[str, Any]:
+    """``behaviour_logprobs`` and ``rollout_correction`` of a ``VerlRun`` from the tree's ``rl:`` block.
+
+    The keys and checks are the local driver's (``RLConfig``, ``RolloutCorrection.validate`` with verl's own
+    threshold parsers); errors name the field. ``rl.staleness > 0`` is rejected (``STALENESS_UNSUPPORTED``).
+    """
+    unknown = sorted(set(rl) - set(RL_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"rl.{unknown[0]} is not read by the verl driver (its rl.* keys: "
+            f"{', '.join('rl.' + k for k in RL_KEYS)}); set verl's own keys under `verl:` or on the "
+            "command line (e.g. actor_rollout_ref.actor.clip_ratio_low=0.2)"
+        )
+    staleness = rl.get("staleness", 0)
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ConfigError(f"rl.staleness={staleness!r} is invalid: must be an integer >= 0")
+    if staleness > 0:
+        raise ConfigError(STALENESS_UNSUPPORTED.format(k=staleness))
+    behaviour = rl.get("behaviour_logprobs", "trainer")
+    if behaviour not in BEHAVIOUR_LOGPROBS:
+        raise ConfigError(
+            f"rl.behaviour_logprobs={behaviour!r} is not one of {', '.join(BEHAVIOUR_LOGPROBS)}"
+        )
+    raw = dict(rl.get("rollout_correction") or {})
+    known = {f.name for f in fields(RolloutCorrection)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(
+            f"rl.rollout_correction.{unknown[0]} is not a key of verl's rollout correction; known: "
+            + ", ".join(sorted(known))
+            + " (bypass_mode is rl.behaviour_logprobs=sampler)"
+        )
+    correction = RolloutCorrection(**raw)
+    try:
+        correction.validate()
+    except CorrectionError as err:
+        raise ConfigError(str(err)) from None
+    return {"behaviour_logprobs": behaviour, "rollout_correction": correction}
+
+
+def correction_overrides(run: VerlRun) -> dict[str, Any]:
+    """verl's keys for the run's ``rl.behaviour_logprobs`` and ``rl.rollout_correction``.
+
+    Always ``algorithm.rollout_correction.*`` (every key explicit; off = verl's defaults, so a synchronous
+    run logs verl's ``rollout_corr/*`` read-outs and corrects nothing). In bypass mode also the workers'
+    policy loss: ``loss_mode=bypass_mode`` and its ``rollout_correction`` (a ``RolloutCorrectionConfig``),
+    which verl's trainer would set only in its own process after the workers are built.
+    """
+    out = run.rollout_correction.verl_overrides(run.bypass_mode)
+    if run.bypass_mode:
+        out[f"{POLICY_LOSS_KEY}.loss_mode"] = "bypass_mode"
+        out[f"+{POLICY_LOSS_KEY}.rollout_correction"] = {
+            "_target_": "verl.trainer.config.algorithm.RolloutCorrectionConfig",
+            **{
+                key.rsplit(".", 1)[1]: value
+                for key, value in out.items()
+                if key.startswith(ROLLOUT_CORRECTION_KEY)
+            },
+        }
+    return out
+
+
+def check_no_correction_keys(overrides: Sequence[str], where: str) -> None:
+    """verl's ``algorithm.rollout_correction.*`` come from ``rl.*`` only (one home for both drivers)."""
+    for override in overrides:
+        key = override_key(override)
+        if key == ROLLOUT_CORRECTION_KEY or key.startswith(ROLLOUT_CORRECTION_KEY + "."):
+            name = key[len(ROLLOUT_CORRECTION_KEY) + 1 :] or "<key>"
+            rl_name = (
+                "rl.behaviour_logprobs=sampler" if name == "bypass_mode" else f"rl.rollout_correction.{name}"
+            )
+            raise ConfigError(
+                f"{key} is set {where}; the verl driver derives verl's {ROLLOUT_CORRECTION_KEY}.* from the "
+                f"rl.* keys both drivers share: set {rl_name} instead"
+            )
 
 
 def method_to_env(method: MethodConfig) -> str:
@@ -254,6 +361,8 @@ def run_overrides(
 ) -> list[str]:
     """Overrides of verl's ``ppo_trainer`` for this run: the pair's recipe, commrl's keys, then ``extra``."""
     train, val = data_files(run, data_dir, val_file)
+    check_no_correction_keys([f"{key}=" for key, _ in flatten(run.verl)], "in the pair's `verl:` recipe")
+    check_no_correction_keys(extra, "on the command line")
     derived: dict[str, Any] = {
         "actor_rollout_ref.model.path": run.model,
         "actor_rollout_ref.model.external_lib": EXTERNAL_LIB,
@@ -270,6 +379,7 @@ def run_overrides(
         "trainer.experiment_name": run.run_name,
         "trainer.default_local_dir": str((out_dir / "checkpoints").resolve()),
         "trainer.use_v1": False,  # the V1 trainer needs the TransferQueue package (verl[verl-core])
+        **correction_overrides(run),
     }
     env = {
         METHOD_ENV: method_to_env(run.method),
@@ -319,6 +429,7 @@ def check_verl_config(cfg) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    check_rollout_correction(cfg)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints a verdict; stdout carries --dry-run's YAML
             validate_config(
@@ -326,6 +437,28 @@ def check_verl_config(cfg) -> None:
             )
     except (AssertionError, ValueError, TypeError) as err:
         raise ConfigError(f"verl's config check failed: {err}") from err
+
+
+def check_rollout_correction(cfg):
+    """verl's ``algorithm.rollout_correction`` as verl's ``RolloutCorrectionConfig`` (returned), and what it
+    needs: the sampler's log-probs, without which verl's trainer silently skips a decoupled correction
+    (and fails in bypass mode)."""
+    from omegaconf.errors import OmegaConfBaseException
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.utils.config import omega_conf_to_dataclass
+
+    try:
+        rc = omega_conf_to_dataclass(cfg.algorithm.rollout_correction, RolloutCorrectionConfig)
+    except (OmegaConfBaseException, TypeError, ValueError) as err:
+        raise ConfigError(f"verl rejected {ROLLOUT_CORRECTION_KEY}: {err}") from err
+    active = rc.bypass_mode or rc.rollout_is is not None or rc.rollout_rs is not None
+    if active and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        raise ConfigError(
+            "rl.behaviour_logprobs=sampler and rl.rollout_correction need the sampler's log-probs, but "
+            "actor_rollout_ref.rollout.calculate_log_probs=false (verl then skips the correction); set it "
+            "to true (the paper pairs do)"
+        )
+    return rc
 
 
 def resolved_yaml(cfg) -> str:

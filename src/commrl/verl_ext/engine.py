@@ -23,6 +23,12 @@ variable the engine is the stock engine. One verl trainer step is one tick (meth
 - with the anchor off, tick 0's first old-log-prob pass (``infer_batch``) first calibrates ``Q``;
   with ``method.fast_step=false`` the fast ticks' mini-batches take no optimizer step;
 - the controller's state is saved and loaded with verl's checkpoints (``commrl_controller_rank<r>.pt``).
+- the loss is verl's own (``verl.workers.utils.losses.ppo_loss``, the worker's ``loss_function``), so
+  the rollout correction's ``rollout_is_weights`` and the rejection-masked ``response_mask`` (decoupled mode)
+  and the bypass-mode policy loss reach it unchanged (``ratio_one`` replaces only ``old_log_probs``);
+  ``counting_effective_tokens`` adds, per micro-batch, the tokens whose policy-gradient loss has a nonzero
+  gradient w.r.t. their log-prob among the eligible ones the trainer marks (``ELIGIBLE_KEY``), for
+  ``actor/effective_token_frac``.
 - with the anchor on, FSDP2 must reshard every group after its forward (``reshard_after_forward``, verl's
   default): the fire loads its view into the shards, which only a resharded group gathers again.
 
@@ -37,6 +43,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +52,10 @@ import torch.distributed as dist
 from torch import Tensor
 from verl.utils import tensordict_utils as tu
 from verl.utils.device import get_device_id, get_device_name
+from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import build_attention_mask_from_nested, no_padding_2_padding
 
 from commrl.compression import CompressionPoints, ConfigError, MethodConfig, TwoCircuitController
@@ -55,6 +64,10 @@ from commrl.compression.powersgd import local_tensor
 from commrl.verl_ext.config import method_from_env
 
 ACTIVATION_CHANNELS = ("activations_forward", "activations_backward")
+# (batch, response) mask of the tokens eligible for gradient (valid before rejection, nonzero advantage),
+# set by commrl.verl_ext.trainer.CommrlPPOTrainer._update_actor
+ELIGIBLE_KEY = "commrl_eligible_mask"
+EFFECTIVE_TOKENS, ELIGIBLE_TOKENS = "actor/effective_tokens", "actor/eligible_tokens"
 CONTROLLER_FILE = "commrl_controller_rank{rank}.pt"
 _actor_controller: weakref.ReferenceType[TwoCircuitController] | None = None
 
@@ -130,6 +143,60 @@ def ratio_one(loss_function: Callable) -> Callable:
         return loss_function(model_output=model_output, data=data, dp_group=dp_group)
 
     return loss
+
+
+def counting_effective_tokens(loss_function: Callable | None) -> Callable | None:
+    """verl's ``ppo_loss`` that also returns, per micro-batch, ``effective_token_counts`` (commrl.rl.grpo,
+    as the local driver counts them) as ``actor/effective_tokens`` / ``actor/eligible_tokens`` (summed).
+
+    The policy-gradient loss is recomputed from the pass's own ``log_probs`` with the worker's loss
+    function and inputs (``old_log_probs``, ``advantages``, ``response_mask``, ``rollout_is_weights``):
+    elementwise work and an ``autograd.grad`` down to the log-probs, no model pass. Eligible tokens come
+    from the trainer (``ELIGIBLE_KEY``: decoupled rejection zeroes the advantages of the tokens it masks,
+    so the worker cannot tell them). Any other loss function, and a batch without the key, is unchanged.
+    """
+    if not (isinstance(loss_function, partial) and loss_function.func is ppo_loss):
+        return loss_function
+    config = loss_function.keywords.get("config")
+    if config is None:
+        return loss_function
+
+    def loss(model_output: dict, data, dp_group=None):
+        out, metrics = loss_function(model_output=model_output, data=data, dp_group=dp_group)
+        if ELIGIBLE_KEY in data and model_output["log_probs"].requires_grad:
+            carrying, eligible = effective_tokens(config, model_output, data)
+            metrics[EFFECTIVE_TOKENS] = Metric(AggregationType.SUM, carrying)
+            metrics[ELIGIBLE_TOKENS] = Metric(AggregationType.SUM, eligible)
+        return out, metrics
+
+    return loss
+
+
+def effective_tokens(config, model_output: dict, data) -> tuple[int, int]:
+    """(carrying, eligible) tokens of one micro-batch: ``effective_token_counts`` on the policy loss of
+    ``config.policy_loss.loss_mode`` (vanilla, bypass_mode, ...), as ``ppo_loss`` computes it."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    from commrl.rl.grpo import effective_token_counts
+
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    names = ["response_mask", "old_log_probs", "advantages", ELIGIBLE_KEY]
+    if "rollout_is_weights" in data:
+        names.append("rollout_is_weights")
+    padded = data.select(*names).to_padded_tensor()
+    pg_loss, _ = get_policy_loss_fn(config.policy_loss.get("loss_mode", "vanilla"))(
+        old_log_prob=padded["old_log_probs"],
+        log_prob=log_prob,
+        advantages=padded["advantages"],
+        response_mask=padded["response_mask"].to(bool),
+        loss_agg_mode=config.loss_agg_mode,
+        config=config,
+        rollout_is_weights=padded.get("rollout_is_weights", None),
+    )
+    eligible = padded[ELIGIBLE_KEY].to(bool)
+    # the trainer decided eligibility (valid before rejection, nonzero advantage): the mask is both
+    # effective_token_counts' mask and the support of its advantages
+    return effective_token_counts(pg_loss, log_prob, eligible, eligible)
 
 
 def token_mask(engine: Any, micro_batch) -> Tensor | None:
@@ -271,6 +338,7 @@ class TwoCircuitEngineMixin:
     # -- one mini-batch = one optimizer step ---------------------------------------------------------------
     def train_batch(self, data, loss_function):
         ctrl = self.controller
+        loss_function = counting_effective_tokens(loss_function)
         if ctrl is None:
             return super().train_batch(data, loss_function)
         tu.maybe_fix_3d_position_ids(data)

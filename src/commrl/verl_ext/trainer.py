@@ -11,16 +11,29 @@ What it adds to verl's metrics (nothing is renamed away; verl's own names stay):
   ``training/rollout_actor_probs_pearson_corr`` compare *probabilities*; §4 correlates *log-probs*;
 - the method.md §4 names of what verl logs under its own names (``method_metrics``): ``score/mean``,
   ``comm/*``, ``anchor/*``, ``codec/*`` and ``sign_memory/*`` (the engine's, logged by verl as
-  ``actor/comm/...``), ``val/acc``,
-  ``time/step_s``, ``time/sample_s``, ``time/train_s``;
+  ``actor/comm/...``), ``rollout_corr/*`` (in bypass mode verl's loss in the workers returns them, logged
+  as ``actor/rollout_corr/...``), ``val/acc``, ``time/step_s``, ``time/sample_s``, ``time/train_s``;
 - ``health/alarm`` each step, from the local driver's ``CollapseMonitor`` (``StepChecks``), whose state is
-  saved beside verl's checkpoints (``global_step_<n>/commrl_health.json``).
+  saved beside verl's checkpoints (``global_step_<n>/commrl_health.json``);
+- ``actor/effective_token_frac``: of the response tokens eligible for gradient (valid before rejection,
+  nonzero advantage; ``eligible_mask``), the fraction whose policy-gradient loss has a nonzero gradient
+  after clipping and correction, counted by the engine (``counting_effective_tokens``).
+
+verl logs the rollout correction's ``rollout_corr/*`` itself (decoupled mode: its trainer, every step;
+bypass mode: the workers' ``bypass_mode`` loss). In bypass mode the trainer's old pass does not run
+(``old_log_probs`` are the sampler's), so ``mismatch/*`` are not logged.
 
 Each actor update is also checked for the engine's ``comm/*`` metrics when ``COMMRL_METHOD`` is set: without
 them verl built its stock engine (another device or vendor, ``external_lib`` overridden), which trains
 dense, and the run stops at its first tick. verl's MLflow backend is attached to the run of
 ``MLFLOW_RUN_ID`` with ``commrl.run.record.log_config``, so that a resume whose config changed (e.g. more
 ticks) keeps logging instead of losing its MLflow backend to MLflow's immutable params.
+
+Preemption: ``CommrlTaskRunner`` watches SIGUSR1 and SIGTERM (``commrl.run.preempt``) in its own process.
+When one arrived, the trainer finishes the step it is in (verl logs it), saves it with verl's own
+``_save_checkpoint`` (skipped when the step was a ``save_freq`` step) and raises ``preempt.Preempted`` out
+of ``fit``; ``commrl verl-train`` marks the MLflow run preempted and exits 75. A resume skips verl's
+``val_before_train`` (the resumed step's validation is logged already when it was due).
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,7 +57,10 @@ from commrl.compression.config import ConfigError, MethodConfig
 from commrl.rl.config import HealthConfig
 from commrl.rl.health import CollapseMonitor
 from commrl.rl.mismatch import mismatch_metrics
+from commrl.run import preempt
+from commrl.verl_ext.checkpoint import latest_tick
 from commrl.verl_ext.config import METHOD_ENV, method_from_env
+from commrl.verl_ext.engine import EFFECTIVE_TOKENS, ELIGIBLE_KEY, ELIGIBLE_TOKENS
 
 ALIASES = {
     "critic/score/mean": "score/mean",
@@ -53,6 +69,9 @@ ALIASES = {
     "timing_s/update_actor": "time/train_s",
 }
 ENGINE_PREFIXES = ("comm/", "anchor/", "codec/", "sign_memory/")
+# verl's bypass-mode loss returns its rollout_corr/* read-outs from the workers (logged as
+# actor/rollout_corr/*); in decoupled mode verl's trainer logs them as rollout_corr/* (LOGGED_METRICS)
+LOSS_PREFIXES = ("rollout_corr/",)
 # verl's core validation metric: val-core/<data_source>/acc/mean@<n>; commrl's data sources hold a slash
 VAL_ACC = re.compile(r"val-core/.+/acc/mean@\d+")
 HEALTH_INPUTS = ("actor/kl_loss", "actor/pg_clipfrac", "mismatch/logprob_corr")  # what CollapseMonitor reads
@@ -67,7 +86,7 @@ def method_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     out = {name: float(metrics[key]) for key, name in ALIASES.items() if key in metrics}
     for key, value in metrics.items():
         short = key.removeprefix("actor/")
-        if short != key and short.startswith(ENGINE_PREFIXES):
+        if short != key and short.startswith(ENGINE_PREFIXES + LOSS_PREFIXES) and short not in metrics:
             out[short] = float(value)
     accs = [float(value) for key, value in metrics.items() if VAL_ACC.fullmatch(key)]
     if accs:
@@ -76,9 +95,10 @@ def method_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 @contextmanager
-def logging_method_names() -> Iterator[None]:
+def logging_method_names(after_log: Callable[[int], None] | None = None) -> Iterator[None]:
     """While active, every ``verl.utils.tracking.Tracking`` logs ``method_metrics`` beside verl's names, and
-    attaches its MLflow backend to the run of ``MLFLOW_RUN_ID`` (``attach_mlflow``).
+    attaches its MLflow backend to the run of ``MLFLOW_RUN_ID`` (``attach_mlflow``); ``after_log(step)`` is
+    called after each log (``fit`` logs once per finished step, and once after its first validation).
 
     ``RayPPOTrainer.fit`` builds its ``Tracking`` inside and offers no hook on what it logs, so the class is
     swapped for a subclass in this process for the duration of ``fit``.
@@ -99,6 +119,8 @@ def logging_method_names() -> Iterator[None]:
 
         def log(self, data, step, backend=None):
             super().log({**data, **method_metrics(data)}, step, backend)
+            if after_log is not None:
+                after_log(step)
 
     verl_tracking.Tracking = MethodNamesTracking
     try:
@@ -136,6 +158,64 @@ def batch_mismatch(batch) -> dict[str, float]:
     if "rollout_log_probs" not in tensors.keys():  # noqa: SIM118  (a TensorDict)
         return {}
     return mismatch_metrics(tensors["rollout_log_probs"], tensors["old_log_probs"], tensors["response_mask"])
+
+
+def eligible_mask(batch, config):
+    """(batch, response) bool mask of the tokens eligible for gradient: valid response tokens before
+    rejection with a nonzero advantage (``commrl.rl.grpo.effective_token_counts``' eligibility).
+
+    Valid = verl's ``compute_response_mask`` (the attention mask over the response; commrl's rollouts are
+    single-turn, where it is the sampler's ``response_mask``). verl's decoupled rejection replaces
+    ``response_mask`` before the advantages, which its estimators multiply by the mask; where it masked
+    tokens, the advantages are recomputed on a shallow copy with the valid mask (verl's
+    ``compute_advantage``, the trainer's own arguments), so a rejected token counts as eligible.
+    """
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage, compute_response_mask
+
+    tensors = batch.batch
+    valid = compute_response_mask(batch).bool()
+    advantages = tensors["advantages"]
+    if not torch.equal(valid, tensors["response_mask"].bool()):
+        probe = DataProto(
+            batch=tensors.clone(recurse=False),
+            non_tensor_batch=dict(batch.non_tensor_batch),
+            meta_info=dict(batch.meta_info),
+        )
+        probe.batch["response_mask"] = valid.to(tensors["response_mask"].dtype)
+        algorithm = config.algorithm
+        probe = compute_advantage(
+            probe,
+            adv_estimator=algorithm.adv_estimator,
+            gamma=algorithm.gamma,
+            lam=algorithm.lam,
+            num_repeat=config.actor_rollout_ref.rollout.n,
+            norm_adv_by_std_in_grpo=algorithm.get("norm_adv_by_std_in_grpo", True),
+            config=algorithm,
+        )
+        advantages = probe.batch["advantages"]
+    return valid & (advantages != 0)
+
+
+def effective_token_frac(metrics: dict[str, Any]) -> None:
+    """Replace the engine's per-mini-batch token counts in ``metrics`` (an update's, verl's names) by
+    ``actor/effective_token_frac`` = carrying / eligible over the tick (0 when nothing is eligible)."""
+    carrying, eligible = metrics.pop(EFFECTIVE_TOKENS, None), metrics.pop(ELIGIBLE_TOKENS, None)
+    if carrying is None or eligible is None:
+        return
+    total = float(sum(_as_list(eligible)))
+    metrics["actor/effective_token_frac"] = float(sum(_as_list(carrying))) / total if total > 0 else 0.0
+
+
+def _as_list(value: Any) -> list[float]:
+    return [float(v) for v in value] if isinstance(value, list | tuple) else [float(value)]
+
+
+def bypass_mode(config) -> bool:
+    """verl's ``algorithm.rollout_correction.bypass_mode``: the sampler's log-probs are the old ones."""
+    correction = config.algorithm.get("rollout_correction", None)
+    return bool(correction and correction.get("bypass_mode", False))
 
 
 def require_engine_metrics(method: MethodConfig | None, metrics: Mapping[str, Any]) -> None:
@@ -186,16 +266,23 @@ class StepChecks:
 
 
 class CommrlPPOTrainer(RayPPOTrainer):
-    """``RayPPOTrainer`` that logs ``mismatch/*``, ``health/alarm`` and the method.md §4 names."""
+    """``RayPPOTrainer`` that logs ``mismatch/*``, ``health/alarm`` and the method.md §4 names, and stops
+    after a step with a checkpoint when the job's end is announced (``stop_if_preempted``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.checks = StepChecks(method_from_env(), HealthConfig())
 
     def _update_actor(self, batch):
-        output = super()._update_actor(batch)
+        batch.batch[ELIGIBLE_KEY] = eligible_mask(batch, self.config)
+        try:
+            output = super()._update_actor(batch)
+        finally:
+            batch.batch.pop(ELIGIBLE_KEY)
         metrics = output.meta_info["metrics"]
-        metrics.update(batch_mismatch(batch))
+        effective_token_frac(metrics)
+        if not bypass_mode(self.config):  # bypass: old_log_probs are the sampler's, nothing to compare
+            metrics.update(batch_mismatch(batch))
         self.checks.after_update(metrics, self.global_steps)
         return output
 
@@ -211,11 +298,29 @@ class CommrlPPOTrainer(RayPPOTrainer):
         out = super()._load_checkpoint()
         if self.global_steps > 0:
             self.checks.load(self._step_folder())
+            # a resume validates nothing before its first step: step n's validation, when it was due, is
+            # in the MLflow run already, and a second value at n would duplicate it
+            self.config.trainer.val_before_train = False
         return out
 
     def fit(self):
-        with logging_method_names():
+        with logging_method_names(after_log=self.stop_if_preempted):
             return super().fit()
+
+    def stop_if_preempted(self, step: int) -> None:
+        """After ``fit`` logged step ``step``: on a preemption request (``commrl.run.preempt``), save that
+        step through verl's own checkpoint save unless verl just did, flush MLflow and raise
+        ``preempt.Preempted`` out of ``fit``. The last step ends ``fit`` as usual."""
+        if not preempt.requested() or step >= self.total_training_steps:
+            return
+        folder = Path(self.config.trainer.default_local_dir)
+        if step > latest_tick(folder):  # not a save_freq step (nor the step a resume loaded)
+            self._save_checkpoint()
+        import mlflow
+
+        if mlflow.active_run() is not None:  # verl's MLflow backend (attach_mlflow) logs through it
+            mlflow.flush_async_logging()
+        raise preempt.Preempted(latest_tick(folder), preempt.received())
 
 
 @ray.remote
@@ -277,5 +382,8 @@ class CommrlTaskRunner(BaseTaskRunner):
             collate_fn=collate_fn,
             train_sampler=create_rl_sampler(config.data, train_dataset),
         )
-        trainer.init_workers()
-        trainer.fit()
+        with preempt.watch() as watching:
+            if not watching:
+                print("commrl: not on the main thread: SIGUSR1/SIGTERM will not checkpoint", file=sys.stderr)
+            trainer.init_workers()
+            trainer.fit()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# preemptible.sh LEAD COMMAND...: run a training command of the workflow (commrl train / verl-train / sweep
+# worker) so that the announced end of its Slurm job costs no Snakemake retry (README, "Preemption and
+# time limits").
+#
+# LEAD is the job's warning lead in seconds (--signal=USR1@LEAD in the profile's slurm_extra; 0: none),
+# printed for the log. This shell outlives the warning: SIGUSR1 is ignored (as in the Snakefile; commrl
+# installs its own handler) and a trapped SIGTERM waits for the command (bash runs traps after it), so the
+# command's status is always seen. When the command exits 75 (commrl: preempted, its checkpoint written)
+# inside a Slurm job, the job is requeued (`scontrol requeue`: the same job id, pending again, its full time
+# limit on the next start; Snakemake keeps waiting for it); when that is refused (the job is not
+# requeueable, MaxBatchRequeue is reached) status 75 goes to Snakemake, whose retry (profile `retries`)
+# resubmits the job. Either way the next attempt resumes from the checkpoint.
+set -u
+lead=$1
+shift
+trap '' USR1
+trap : TERM
+echo "preemptible: warning lead ${lead} s; Slurm job ${SLURM_JOB_ID:-none}" >&2
+"$@"
+rc=$?
+if [[ $rc -eq 75 && -n ${SLURM_JOB_ID:-} ]]; then
+  if scontrol requeue "$SLURM_JOB_ID"; then
+    echo "preemptible: exit 75 (preempted, checkpoint written): Slurm job $SLURM_JOB_ID requeued" >&2
+  else
+    echo "preemptible: exit 75 (preempted, checkpoint written): requeue refused; Snakemake's retry resubmits" >&2
+  fi
+fi
+exit "$rc"
