@@ -1,6 +1,6 @@
 """The default pipeline for real: `snakemake --cores 2` on the tiny pair, from nothing to the report.
 
-One run of the whole DAG (data, base policy, eight training runs of one seed, evaluations, the Optuna sweep,
+One run of the whole DAG (data, base policy, six training runs of one seed, evaluations, the Optuna sweep,
 the report) in a private copy of the workflow; the tests below read what it produced. This is the check CI
 relies on for the tiny pipeline end to end (marker ``e2e``; ~10 minutes on 2 cores).
 """
@@ -11,6 +11,7 @@ import csv
 import json
 
 import pytest
+import yaml
 from PIL import Image
 from snakemake_run import Workflow
 
@@ -18,19 +19,19 @@ from commrl import tracking
 
 pytestmark = pytest.mark.e2e
 
-# The default matrix less no_projection, prf_mask and dropout (each the same trainer path with other method
-# or model flags, trained in tests/rl and tests/compression), with three of the six async conditions: the
-# full matrix is test_dag's dry run; the e2e test keeps the suite inside its 20 minutes.
+# The default matrix less no_projection, anchor_off, prf_mask, dropout and method_same_sampler (each the
+# same trainer path with other method, model or sampler flags, trained in tests/rl and tests/compression),
+# with three of the six async conditions: the full matrix is test_dag's dry run; one seed, these six
+# conditions and a 2-trial sweep keep the suite inside its 20 minutes.
 CONDITIONS = (
     "dense",
     "method",
-    "anchor_off",
     "anchor_only",
-    "method_same_sampler",
     "dense_async",
     "method_async",
     "method_async_tis",
 )
+SWEEP_TRIALS = 2
 TICKS = 40
 
 
@@ -41,6 +42,10 @@ def pipeline(tmp_path_factory) -> Workflow:
     config = wf.config()
     config["pairs"]["tiny"]["seeds"] = [0]
     config["pairs"]["tiny"]["conditions"] = list(CONDITIONS)
+    sweep = yaml.safe_load((wf.root / "configs/sweep/tiny.yaml").read_text())
+    sweep["n_trials"] = SWEEP_TRIALS
+    (wf.root / "configs/sweep/e2e.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
+    config["pairs"]["tiny"]["sweep"]["config"] = "configs/sweep/e2e.yaml"
     wf.configfile = wf.write_config(config, "one-seed.yaml")
     result = wf.snakemake("--cores", "2", timeout=2400)
     assert result.returncode == 0, result.output[-5000:]
@@ -102,7 +107,7 @@ def test_the_sweep_used_exactly_its_budget(pipeline):
     summary = pipeline.root / "results/sweeps/tiny/tiny-method/summary"
     with open(summary / "trials.csv") as fh:
         states = [row["state"] for row in csv.DictReader(fh)]
-    assert sum(s in ("COMPLETE", "PRUNED") for s in states) == 4
+    assert sum(s in ("COMPLETE", "PRUNED") for s in states) == SWEEP_TRIALS
     assert json.loads((summary / "best_params.json").read_text())
 
 

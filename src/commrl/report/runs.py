@@ -22,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from commrl import tracking
+from commrl.rl.correction import LOGGED_METRICS
 
 REPORT_EXPERIMENT = "commrl/report"
 SWEEP_PARAMS: tuple[str, ...] = ("rank", "alpha", "beta", "cadence")
@@ -31,21 +32,8 @@ class ReportInputError(ValueError):
     """Bad input to the report (a pair, a tag, an option): the message names it and the fix."""
 
 
-# verl's trainer-vs-sampler read-outs, as the local driver logs them every tick (the names of
-# ``commrl.rl.correction.LOGGED_METRICS``, not imported: that module pulls in torch).
-ROLLOUT_CORR_METRICS: tuple[str, ...] = (
-    "rollout_corr/kl",
-    "rollout_corr/k3_kl",
-    "rollout_corr/chi2_token",
-    "rollout_corr/chi2_seq",
-    "rollout_corr/log_ppl_abs_diff",
-    "rollout_corr/rollout_is_eff_sample_size",
-    "rollout_corr/rollout_is_mean",
-    "rollout_corr/rollout_is_ratio_fraction_high",
-    "rollout_corr/rollout_is_ratio_fraction_low",
-    "rollout_corr/rollout_rs_masked_fraction",
-    "rollout_corr/rollout_rs_seq_masked_fraction",
-)
+# verl's trainer-vs-sampler read-outs, as both drivers log them every tick
+ROLLOUT_CORR_METRICS: tuple[str, ...] = LOGGED_METRICS
 FIRE = "anchor/fire"
 EFFECTIVE_FRAC = "actor/effective_token_frac"  # read on fast ticks only (``fast_ticks``)
 TRAIN_METRICS: tuple[str, ...] = (

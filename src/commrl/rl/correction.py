@@ -19,9 +19,10 @@ is the sampler's log-probs), and the verl driver sets verl's ``bypass_mode`` fro
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch and verl load when a correction runs: the report reads LOGGED_METRICS without them
+    import torch
 
 BEHAVIOUR_LOGPROBS = ("trainer", "sampler")
 ROLLOUT_IS = ("token", "sequence")
