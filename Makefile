@@ -10,7 +10,7 @@ pipeline: setup
 	snakemake --cores 2
 
 test: setup
-	pytest -m "not slow"
+	pytest -m "not slow" -n 2 --dist loadfile
 
 lint: setup
 	ruff check src tests benchmarks workflow scripts

@@ -11,7 +11,7 @@
 # Rules only call `commrl <command>` (training ones through workflow/scripts/preemptible.sh); see
 # docs/design.md for the contracts.
 
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.27")
 
@@ -22,15 +22,13 @@ if not workflow.overwrite_configfiles:
     configfile: "configs/pipeline/tiny.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
-
-
 report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
 
 
+# The config against workflow/schemas/config.schema.yaml, then its cross-references, before any job.
 check_config()
 
 

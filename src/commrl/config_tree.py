@@ -17,14 +17,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from commrl.errors import ConfigError
+
 DRIVERS = {"local": "commrl train", "verl": "commrl verl-train"}  # driver -> its command
 TREE_ENVS = {"train": "COMMRL_TRAIN_CONFIGS", "verl": "COMMRL_VERL_CONFIGS"}  # tree -> its env override
 CONDITION_GROUP = "condition"
 REPO = Path(__file__).resolve().parents[2]
-
-
-class ConfigTreeError(ValueError):
-    """A config tree or condition is missing or unusable; the message names it and the fix."""
 
 
 def tree_dir(tree: str) -> Path:
@@ -37,7 +35,7 @@ def tree_dir(tree: str) -> Path:
         candidate = root / "configs" / tree
         if candidate.is_dir():
             return candidate.resolve()
-    raise ConfigTreeError(f"cannot find configs/{tree}; run from the repository root or set {env_name}")
+    raise ConfigError(f"cannot find configs/{tree}; run from the repository root or set {env_name}")
 
 
 def condition_dir(tree: Path) -> Path:
@@ -62,7 +60,7 @@ def check_condition_name(condition: str, tree: Path, driver: str) -> None:
     path = condition_dir(tree) / f"{condition}.yaml"
     if not path.is_file():
         known = ", ".join(known_conditions(tree, driver)) or "(none)"
-        raise ConfigTreeError(f"condition {condition!r} has no config {path}; choose one of {known}")
+        raise ConfigError(f"condition {condition!r} has no config {path}; choose one of {known}")
 
 
 def searchpath_override(tree: Path) -> str:
@@ -85,17 +83,17 @@ def check_driver(condition: str, unsupported: Any, driver: str) -> None:
     """Fail when the condition's ``unsupported_drivers`` names ``driver`` (with why) or is malformed."""
     where = f"configs/condition/{condition}.yaml"
     if not isinstance(unsupported, Mapping):
-        raise ConfigTreeError(f"unsupported_drivers in {where} must map a driver to why it cannot run it")
+        raise ConfigError(f"unsupported_drivers in {where} must map a driver to why it cannot run it")
     unknown = sorted(set(unsupported) - set(DRIVERS))
     if unknown:
-        raise ConfigTreeError(
+        raise ConfigError(
             f"unsupported_drivers in {where} names unknown driver(s) {', '.join(unknown)}; "
             f"drivers: {', '.join(DRIVERS)}"
         )
     if driver in unsupported:
         others = [f"`{command}`" for name, command in DRIVERS.items() if name not in unsupported]
         fix = f"; run it with {' or '.join(others)}" if others else ""
-        raise ConfigTreeError(
+        raise ConfigError(
             f"condition {condition!r} does not run on the {driver} driver: {unsupported[driver]} "
             f"(unsupported_drivers.{driver} in {where}){fix}"
         )

@@ -13,7 +13,6 @@ import torch
 from compression_helpers import HIDDEN, batch_for_tick, lm_loss, tiny_qwen2
 
 from commrl.compression import (
-    ConfigError,
     MethodConfig,
     PowerSGD,
     TwoCircuitController,
@@ -23,6 +22,7 @@ from commrl.compression import (
     secant_projection,
     sign_correct,
 )
+from commrl.errors import ConfigError
 
 MICROBATCHES = 2
 LR = 0.05

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from commrl.compression import ConfigError, MethodConfig
+from commrl.compression import MethodConfig
+from commrl.errors import ConfigError
 
 
 def test_defaults_follow_method_md():

@@ -11,7 +11,8 @@ import yaml
 
 from commrl.data.schema import format_prompt
 from commrl.data.toy import TOY_TEMPLATE
-from commrl.eval import BENCHMARKS, BenchmarkError, PairConfigError, get_benchmark, pair_settings
+from commrl.errors import ConfigError
+from commrl.eval import BENCHMARKS, get_benchmark, pair_settings
 from commrl.eval.benchmarks import AVG_K, GREEDY, MC, MMLU_STEM_SUBJECTS, Benchmark
 from commrl.eval.lmeval_task import write_task_dir
 from commrl.eval.problems import build_docs
@@ -56,14 +57,14 @@ def test_mmlu_stem_subjects_match_lm_eval():
 
 
 def test_unknown_benchmark_names_the_choices():
-    with pytest.raises(BenchmarkError, match=r"unknown benchmark 'aime24'.*commrl_aime24"):
+    with pytest.raises(ConfigError, match=r"unknown benchmark 'aime24'.*commrl_aime24"):
         get_benchmark("aime24")
 
 
 def test_inconsistent_benchmark_is_rejected():
-    with pytest.raises(BenchmarkError, match="avg@k needs k >= 2"):
+    with pytest.raises(ConfigError, match="avg@k needs k >= 2"):
         Benchmark("bad", AVG_K, k=1, temperature=0.7)
-    with pytest.raises(BenchmarkError, match="one greedy pass"):
+    with pytest.raises(ConfigError, match="one greedy pass"):
         Benchmark("bad", GREEDY, temperature=0.7)
 
 
@@ -156,12 +157,12 @@ def test_changing_a_pair_file_changes_the_eval_budget(tmp_path):
 
 def test_missing_pair_or_budget_is_named(tmp_path):
     _pair_file(tmp_path, "verl", "A")
-    with pytest.raises(PairConfigError, match=r"pair 'C' has no eval settings") as err:
+    with pytest.raises(ConfigError, match=r"pair 'C' has no eval settings") as err:
         pair_settings("C", config_root=tmp_path)
     assert str(tmp_path / "verl" / "pair" / "C.yaml") in str(err.value)
     assert "(known pairs: A)" in str(err.value)
     _pair_file(tmp_path, "verl", "B", lambda d: d["verl"]["data"].pop("max_response_length"))
-    with pytest.raises(PairConfigError, match=r"B\.yaml has no integer verl\.data\.max_response_length"):
+    with pytest.raises(ConfigError, match=r"B\.yaml has no integer verl\.data\.max_response_length"):
         pair_settings("B", config_root=tmp_path)
 
 
@@ -172,13 +173,13 @@ def test_pair_settings_layers_and_errors(tmp_path):
     settings = pair_settings("A", config, max_gen_toks=256)
     assert (settings.max_gen_toks, settings.tensor_parallel_size) == (256, 2)
     assert settings.system_prompt == "Think."
-    with pytest.raises(PairConfigError, match=r"'C' has no eval settings for max_gen_toks, max_model_len"):
+    with pytest.raises(ConfigError, match=r"'C' has no eval settings for max_gen_toks, max_model_len"):
         pair_settings("C")
     assert pair_settings("C", max_gen_toks=8, max_model_len=64).max_model_len == 64
     config.write_text("max_tokens: 128\n")
-    with pytest.raises(PairConfigError, match=r"unknown eval setting.*max_tokens"):
+    with pytest.raises(ConfigError, match=r"unknown eval setting.*max_tokens"):
         pair_settings("A", config)
-    with pytest.raises(PairConfigError, match=r"max_gen_toks=4096 must be below eval\.max_model_len=4096"):
+    with pytest.raises(ConfigError, match=r"max_gen_toks=4096 must be below eval\.max_model_len=4096"):
         pair_settings("A", max_gen_toks=4096)
-    with pytest.raises(PairConfigError, match=r"eval\.gpu_memory_utilization=1\.5"):
+    with pytest.raises(ConfigError, match=r"eval\.gpu_memory_utilization=1\.5"):
         pair_settings("A", gpu_memory_utilization=1.5)

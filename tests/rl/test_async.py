@@ -13,8 +13,9 @@ import pytest
 import torch
 from rl_helpers import overrides
 
+from commrl.errors import ConfigError
 from commrl.rl import correction, grpo
-from commrl.rl.config import ConfigError, RLConfig, load_train_config
+from commrl.rl.config import RLConfig, load_train_config
 from commrl.rl.trainer import LocalTrainer
 from commrl.run.hooks import TrainCallbacks
 

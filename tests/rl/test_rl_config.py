@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from commrl.rl.config import ConfigError, TrainConfig, compose_train_config, load_train_config
+from commrl.errors import ConfigError
+from commrl.rl.config import TrainConfig, compose_train_config, load_train_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONDITION_FILES = sorted((REPO / "configs" / "condition").glob("*.yaml"))
@@ -97,3 +98,32 @@ def test_method_values_are_checked_by_the_method_config():
     cfg = TrainConfig.from_dict(raw)  # rank vs hidden size is checked once the model's width is known
     with pytest.raises(ConfigError, match="rank"):
         cfg.method_config(hidden_size=128)
+
+
+@pytest.mark.parametrize(
+    ("raw", "override", "message"),
+    [
+        ({"rl": {"tickz": 3}}, "rl.tickz=3", r"^unknown config key rl\.tickz; allowed under rl: .*\bticks\b"),
+        ({"rl": {"ticks": "x"}}, "rl.ticks=x", r"^rl\.ticks='x' must be an integer$"),
+        ({"rl": {"betas": [0.9, "x"]}}, "rl.betas=[0.9,x]", r"^rl\.betas\[1\]='x' must be a number$"),
+        ({"tracking": {"enabled": "maybe"}}, "tracking.enabled=maybe", r"^tracking\.enabled='maybe' must be"),
+        ({"bogus": 1}, "bogus=1", r"^unknown config key bogus; allowed under the top level: .*\bseed\b"),
+        ({"method": {"alpha": 2}}, "method.alpha=2", r"^method\.alpha=2 is invalid: must be in \[0, 1\]"),
+    ],
+)
+def test_keys_and_types_are_checked_by_the_schema_on_both_paths(raw, override, message):
+    """A plain mapping (``from_dict``) and a Hydra override fail the same way, naming the field once."""
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig.from_dict(raw)
+    with pytest.raises(ConfigError, match=message):
+        load_train_config([override])
+
+
+def test_the_schema_keeps_free_form_values_for_their_own_checks():
+    """verl's str-or-float thresholds (``Any``) pass the schema as given; betas are checked by range."""
+    cfg = TrainConfig.from_dict(
+        {"rl": {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_2.0"}}}
+    )
+    assert cfg.rl.rollout_correction.rollout_is_threshold == "0.5_2.0" and cfg.rl.betas == [0.9, 0.999]
+    with pytest.raises(ConfigError, match=r"^rl\.betas=\[0\.9\] is invalid: AdamW's 2 betas"):
+        TrainConfig.from_dict({"rl": {"betas": [0.9]}})

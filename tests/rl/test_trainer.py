@@ -14,7 +14,8 @@ import torch
 from rl_helpers import overrides
 
 from commrl import tracking
-from commrl.rl.config import ConfigError, load_train_config
+from commrl.errors import ConfigError
+from commrl.rl.config import load_train_config
 from commrl.rl.trainer import LocalTrainer
 from commrl.run.hooks import TrainCallbacks
 
@@ -30,7 +31,7 @@ def test_bad_config_is_rejected_before_any_model_loads(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "rl.clip_ratio=1.5" in proc.stderr and "allowed" in proc.stderr
     assert not any(tmp_path.iterdir())
     assert time.perf_counter() - start < 60

@@ -9,8 +9,9 @@ import optuna
 import pytest
 
 from commrl.cli.main import main
+from commrl.errors import ConfigError
 from commrl.sweep.config import SweepConfig, load_sweep_config
-from commrl.sweep.space import SweepConfigError, method_overrides
+from commrl.sweep.space import method_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ BAD = [
 
 @pytest.mark.parametrize(("field", "value", "message"), BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_config_is_rejected_naming_the_field(sweep_dict, field, value, message):
-    with pytest.raises(SweepConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         SweepConfig.from_dict(with_change(sweep_dict, field, value))
     assert message in str(err.value)
 
@@ -106,7 +107,7 @@ def test_method_overrides_per_driver():
 def test_init_rejects_a_bad_space_before_creating_anything(env, tmp_path, sweep_dict, write_config, capsys):
     bad = with_change(sweep_dict, "space.beta", {"type": "float", "low": 0.5, "high": 0.2})
     rc = main(["sweep", "init", "--config", str(write_config(bad)), "--out", str(tmp_path / "init.json")])
-    assert rc == 1
+    assert rc == 2
     assert "space.beta: low=0.5 > high=0.2" in capsys.readouterr().err
     assert not (tmp_path / "optuna").exists() and not (tmp_path / "init.json").exists()
 
@@ -116,7 +117,7 @@ def test_worker_rejects_a_bad_space_before_any_trial(env, sweep_dict, write_conf
     assert main(["sweep", "init", "--config", str(good)]) == 0
     zero = {"type": "int", "low": 0, "high": 8, "log": True}
     bad = write_config(with_change(sweep_dict, "space.rank", zero))
-    assert main(["sweep", "worker", "--config", str(bad), "--worker", "0"]) == 1
+    assert main(["sweep", "worker", "--config", str(bad), "--worker", "0"]) == 2
     assert "space.rank.low=0 is out of range" in capsys.readouterr().err
     storage = load_sweep_config(good).storage.location
     trials = optuna.load_study(study_name="tiny-method", storage=storage).get_trials()
@@ -126,7 +127,7 @@ def test_worker_rejects_a_bad_space_before_any_trial(env, sweep_dict, write_conf
 def test_worker_refuses_a_space_that_differs_from_the_studys(env, sweep_dict, write_config, capsys):
     assert main(["sweep", "init", "--config", str(write_config(sweep_dict, "a.yaml"))]) == 0
     changed = with_change(sweep_dict, "space.cadence", {"type": "int", "low": 2, "high": 30})
-    assert main(["sweep", "worker", "--config", str(write_config(changed, "b.yaml"))]) == 1
+    assert main(["sweep", "worker", "--config", str(write_config(changed, "b.yaml"))]) == 2
     err = capsys.readouterr().err
     assert "created with other settings" in err and "space" in err
 
@@ -137,6 +138,6 @@ def test_local_trials_are_composed_at_the_space_corners(env, sweep_dict, write_c
     model.mkdir()
     (model / "config.json").write_text('{"hidden_size": 16}')
     raw = with_change(sweep_dict, "train_overrides", [f"model.path={model}"])
-    assert main(["sweep", "init", "--config", str(write_config(raw))]) == 1
+    assert main(["sweep", "init", "--config", str(write_config(raw))]) == 2
     err = capsys.readouterr().err
     assert "space (all highs)" in err and "rank" in err and "hidden_size=16" in err

@@ -14,12 +14,12 @@ import sweep_fakes
 from optuna.trial import TrialState
 from sweep_fakes import FakeDriver
 
+from commrl.errors import ConfigError
 from commrl.rl.config import load_train_config
 from commrl.run.hooks import TrainCallbacks
 from commrl.sweep.config import SweepConfig, load_sweep_config
 from commrl.sweep.grid import PointTaken, claim_point, grid_studies, point_of
 from commrl.sweep.grid_summary import summarize_grid
-from commrl.sweep.space import SweepConfigError
 from commrl.sweep.storage import retry_history
 from commrl.sweep.study import init_study, open_study
 from commrl.sweep.trial_config import check_trials, local_overrides, trials_dir, verl_command
@@ -212,7 +212,7 @@ def test_a_grid_grows_in_place_and_only_new_points_train(env, tmp_path, grid_dic
     assert [(c["cell"], c["difference"]) for c in cells] == [({"alpha": a}, None) for a in (0.25, 0.5, 1.0)]
     assert [c["method"]["n"] for c in cells] == [1, 2, 1]  # seed 0 of 0.25 and 1.0 trained without MLflow
     shrunk = SweepConfig.from_dict({**grid_dict, "grid": {"alpha": [0.25], "seed": [0, 1]}})
-    with pytest.raises(SweepConfigError, match="was created with other settings"):
+    with pytest.raises(ConfigError, match="was created with other settings"):
         open_study(shrunk, "grow")
 
 
@@ -249,13 +249,13 @@ BAD_GRIDS = [
 
 @pytest.mark.parametrize(("change", "message"), BAD_GRIDS, ids=[m.split(":")[0][:40] for _, m in BAD_GRIDS])
 def test_a_bad_grid_is_rejected_naming_the_field(grid_dict, change, message):
-    with pytest.raises(SweepConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         SweepConfig.from_dict({**grid_dict, **change})
     assert message in str(err.value)
 
 
 def test_a_search_config_cannot_have_a_grid(sweep_dict):
-    with pytest.raises(SweepConfigError, match=r"grid: only a grid study has these; set sampler"):
+    with pytest.raises(ConfigError, match=r"grid: only a grid study has these; set sampler"):
         SweepConfig.from_dict({**sweep_dict, "grid": GRID})
 
 

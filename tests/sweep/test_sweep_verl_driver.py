@@ -20,12 +20,12 @@ import pytest
 import yaml
 
 from commrl import tracking
+from commrl.errors import ConfigError
 from commrl.run import preempt
 from commrl.run.hooks import StopTraining, TrainCallbacks
 from commrl.run.record import RunSpec
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.objective import TrialPlan
-from commrl.sweep.space import SweepConfigError
 from commrl.sweep.study import SweepError
 from commrl.sweep.trial_config import check_trials, verl_command
 from commrl.sweep.verl_driver import VerlDriver
@@ -235,5 +235,5 @@ def test_verl_train_dry_run_takes_the_sweeps_arguments(verl_cfg, tmp_path):
 )
 def test_init_dry_runs_the_paper_trials_and_rejects_a_bad_override(env, verl_cfg):
     bad = dataclasses.replace(verl_cfg, train_overrides=("trainer.no_such_key=1",))
-    with pytest.raises(SweepConfigError, match=r"defaults \{'rank': 77.*is not a valid verl-train run"):
+    with pytest.raises(ConfigError, match=r"defaults \{'rank': 77.*is not a valid verl-train run"):
         check_trials(bad)

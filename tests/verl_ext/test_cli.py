@@ -70,12 +70,12 @@ def test_without_gpu_it_says_so_and_points_at_dry_run(tmp_path, capsys, monkeypa
     ("override", "message"),
     [("trainer.no_such_key=3", "verl rejected an override"), ("method.alpha=2", "method.alpha=2 is invalid")],
 )
-def test_bad_overrides_exit_1_with_the_field(tmp_path, capsys, monkeypatch, override, message):
+def test_bad_overrides_exit_2_with_the_field(tmp_path, capsys, monkeypatch, override, message):
     monkeypatch.setenv("COMMRL_RESULTS", str(tmp_path))
     rc = main(
         ["verl-train", "--pair", "A", "--condition", "method", "--out", str(tmp_path), "--dry-run", override]
     )
-    assert rc == 1
+    assert rc == 2
     assert message in capsys.readouterr().err
 
 

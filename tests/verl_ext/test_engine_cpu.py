@@ -13,7 +13,7 @@ import multiprocessing
 import pytest
 import torch
 
-from commrl.compression import ConfigError
+from commrl.errors import ConfigError
 from commrl.verl_ext import TwoCircuitFSDPEngine
 from commrl.verl_ext.config import method_to_env
 

@@ -18,7 +18,7 @@ from verl.trainer.config.algorithm import RolloutCorrectionConfig
 from verl.utils.config import omega_conf_to_dataclass
 
 from commrl.cli.main import main
-from commrl.compression import ConfigError
+from commrl.errors import ConfigError
 from commrl.rl.config import HealthConfig, RLConfig
 from commrl.rl.correction import RolloutCorrection
 from commrl.verl_ext import config as vc

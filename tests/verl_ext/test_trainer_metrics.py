@@ -12,9 +12,9 @@ from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from commrl import tracking
-from commrl.compression import ConfigError
 from commrl.data.math_datasets import SPECS
 from commrl.data.toy import ToyConfig, prepare_toy
+from commrl.errors import ConfigError
 from commrl.rl.config import HealthConfig
 from commrl.rl.health import CollapseMonitor
 from commrl.rl.reward import compute_score

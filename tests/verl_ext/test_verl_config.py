@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from commrl import config_tree
-from commrl.compression import ConfigError, MethodConfig
+from commrl.compression import MethodConfig
+from commrl.errors import ConfigError
 from commrl.rl.config import compose_train_config
 from commrl.verl_ext import config as vc
 

@@ -191,10 +191,13 @@ def register_engines() -> None:
 
 @contextmanager
 def cpu_world(store: Path, rank: int = 0, world_size: int = 1):
-    """verl on CPU inside a gloo process group (a file store: no port to collide on); restores both after."""
+    """verl on CPU inside a gloo process group (a file store: no port to collide on); restores the platform
+    and the distributed environment variables after (a RANK or WORLD_SIZE left behind makes a later
+    process, e.g. accelerate in lm-eval's HF backend, start a process group of its own)."""
     from verl.plugin.platform import get_platform, set_platform
 
     previous = get_platform()
+    saved_env = {key: os.environ.get(key) for key in DIST_ENV}  # install_platform sets their defaults
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     install_platform()
     torch.distributed.init_process_group(
@@ -206,6 +209,11 @@ def cpu_world(store: Path, rank: int = 0, world_size: int = 1):
     finally:
         torch.distributed.destroy_process_group()
         set_platform(previous)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def build_tiny_model_dir(out: Path) -> Path:

@@ -146,7 +146,10 @@ def _preempt_world(workflow: Workflow) -> str:
                 "conditions": ["method"],
                 "seeds": [0],
                 "ticks": {"method": PREEMPT_TICKS},
-                "eval": {"backend": "hf", "benchmarks": {"toy_greedy": {}}},
+                "eval": {
+                    "backend": "hf",
+                    "benchmarks": {"toy_greedy": {"data": "results/data/toy/test.jsonl"}},
+                },
                 "sweep": {"config": "configs/sweep/preempt.yaml", "study": "preempt"},
             }
         },

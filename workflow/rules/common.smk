@@ -7,13 +7,20 @@ results/runs/<pair>/<condition>/seed<seed>/.
 import functools
 import os
 import re
+import shlex
 import signal
 import warnings
 from pathlib import Path
 
+import jsonschema
 import yaml
+from commrl.config_tree import known_conditions
+from commrl.errors import ConfigError
+from commrl.eval.benchmarks import BENCHMARKS
+from commrl.sweep.config import load_sweep_config
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
+from snakemake.utils import validate
 
 # The files `commrl prepare --dataset <name>` writes into results/data/<name>/ (besides manifest.json).
 DATASET_FILES = {
@@ -85,6 +92,15 @@ def excluded(name):
     return [f"{data_dir(other)}/test.parquet"] if other else []
 
 
+def prepare_options(name):
+    """`commrl prepare` flags of data set `name`: the toy generator's seed, else the source to read and
+    the test split whose problems to remove (the rule's input `exclude`)."""
+    cfg = config["datasets"][name]
+    if name == "toy":
+        return f"--seed {cfg['seed']}"
+    return " ".join([f"--source {shlex.quote(cfg['source'])}", *(f"--exclude {f}" for f in excluded(name))])
+
+
 def model_dir(pair):
     return f"results/models/{pair}-base"
 
@@ -137,8 +153,10 @@ def eval_data(pair, benchmark):
 
 
 def eval_inputs(wildcards):
+    """What an evaluation reads: the run's summary.json (it names the model at the read tick, the one
+    `commrl eval --summary` evaluates) and the benchmark's data where the pipeline makes it."""
     run = run_dir(wildcards.pair, wildcards.condition, wildcards.seed)
-    inputs = {"checkpoint": f"{run}/final", "summary": f"{run}/summary.json"}
+    inputs = {"summary": f"{run}/summary.json"}
     data = eval_data(wildcards.pair, wildcards.benchmark)
     if data and data.startswith("results/"):
         inputs["data"] = data
@@ -153,17 +171,21 @@ def eval_options(wildcards):
 
 @functools.cache
 def sweep_config(pair):
-    """The sweep file of `pair`, checked for the keys the workflow reads (workflow/schemas/sweep.schema.yaml)."""
-    path = pair_cfg(pair)["sweep"]["config"]
+    """The sweep file of `pair`: the keys the workflow reads (workflow/schemas/sweep.schema.yaml), its `pair`
+    this pair, its driver and conditions the pair's."""
+    field, path = f"pairs.{pair}.sweep.config", pair_cfg(pair)["sweep"]["config"]
     try:
         with open(path) as f:
             sweep = yaml.safe_load(f)
     except OSError as e:
-        raise WorkflowError(f"pairs.{pair}.sweep.config: cannot read {path!r} ({e.strerror}); fix the path") from None
-    try:
-        validate(sweep, str(SCHEMAS / "sweep.schema.yaml"))
-    except WorkflowError as e:
-        raise WorkflowError(f"pairs.{pair}.sweep.config: {path} is not a valid sweep config", e) from None
+        raise config_error(field, f"cannot read {path!r} ({e.strerror}); fix the path") from None
+    checked(sweep, "sweep.schema.yaml", path, f" (the sweep config of {field} in {config_files()})")
+    if sweep["pair"] != pair:
+        raise config_error(
+            field,
+            f"{path} sweeps pair {sweep['pair']!r} (its `pair`), not {pair!r}; name a file with pair: {pair}",
+        )
+    check_sweep_runs(sweep, path)
     return sweep
 
 
@@ -186,17 +208,35 @@ def study_config(study):
         raise WorkflowError(
             f"results/studies/{study}: cannot read {path} ({e.strerror}); a study is configs/sweep/<study>.yaml"
         ) from None
-    try:
-        validate(raw, str(SCHEMAS / "sweep.schema.yaml"))
-    except WorkflowError as e:
-        raise WorkflowError(f"results/studies/{study}: {path} is not a valid sweep config", e) from None
+    checked(raw, "sweep.schema.yaml", path, f" (the study of results/studies/{study})")
     if (raw.get("sampler") or {}).get("name") != "grid":
         raise WorkflowError(
             f"results/studies/{study}: {path} is not a grid study (set sampler: {{name: grid}} and a grid); "
             "a search runs as a pair's sweep (pairs.<pair>.sweep, results/sweeps/)"
         )
     pair_cfg(raw["pair"])  # a pair of the pipeline config: its data and base model feed the trials
+    check_sweep_runs(raw, path)
     return raw
+
+
+def check_sweep_runs(sweep, path):
+    """A sweep file's trials can run: the whole file passes `commrl sweep`'s own checks (every key, range
+    and knob; commrl.sweep.config), its driver is its pair's, which runs its condition (and baseline)."""
+    try:
+        load_sweep_config(path)
+    except ConfigError as e:
+        raise WorkflowError(str(e)) from None
+    pair = sweep["pair"]
+    driver = pair_cfg(pair)["driver"]
+    if sweep["driver"] != driver:
+        raise WorkflowError(
+            f"{path}: driver: {sweep['driver']!r} is not the driver of pair {pair!r}, {driver!r} "
+            f"(pairs.{pair}.driver in {config_files()}); set driver: {driver}"
+        )
+    for key in ("condition", "baseline"):
+        problem = condition_problem(sweep[key], driver) if key in sweep else None
+        if problem:
+            raise WorkflowError(f"{path}: {key}: {problem}")
 
 
 def study_pair(study):
@@ -303,48 +343,136 @@ def all_sweeps():
     return [f"{sweep_dir(p)}/summary" for p, cfg in config["pairs"].items() if "sweep" in cfg]
 
 
-def check_condition(pair, condition):
-    """A condition of the pair has a file in configs/condition/ and the pair's driver runs it."""
+def config_files():
+    """The config file(s) of this run, as named in error messages."""
+    files = [os.path.relpath(f) for f in workflow.configfiles]
+    return ", ".join(files) + (" and --config" if workflow.config_settings.config else "")
+
+
+def config_error(field, message):
+    """The error of a bad value of the config: its file, the field's path (pairs.tiny.seeds) and `message`."""
+    return WorkflowError(f"{config_files()}: {field}: {message}")
+
+
+def field_path(parts):
+    """A jsonschema path (deque(['pairs', 'tiny', 'seeds', 0])) as a field path: pairs.tiny.seeds[0]."""
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
+    return path or "(top level)"
+
+
+def schema_problem(error):
+    """`field: message` of a failed jsonschema check, naming the bad value and what the schema allows."""
+    parts, schema = list(error.absolute_path), error.schema
+    if "propertyNames" in error.absolute_schema_path:  # a bad key: the path is the object's
+        return f"{field_path([*parts, error.instance])}: {error.message}"
+    if error.validator == "additionalProperties" and error.validator_value is False:
+        allowed = list(schema.get("properties", {}))
+        unknown = [k for k in error.instance if k not in allowed]
+        return f"{field_path([*parts, unknown[0]])}: unknown key; allowed here: {', '.join(allowed)}"
+    if error.validator == "required":
+        missing = ", ".join(k for k in error.validator_value if k not in error.instance)
+        required = ", ".join(error.validator_value)
+        return f"{field_path(parts)}: missing {missing} (required here: {required})"
+    if error.validator == "not":
+        return f"{field_path(parts)}: not allowed here ({schema.get('description', 'see the schema')})"
+    return f"{field_path(parts)}: {error.message}"
+
+
+def checked(data, schema, where, context=""):
+    """`data`, validated against workflow/schemas/<schema> and with its defaults filled in (a default of
+    a whole key applies only where the key is absent); an error names `where` (the file), the field, the
+    bad value and what is allowed, then `context`."""
+    try:
+        validate(data, str(SCHEMAS / schema))
+    except WorkflowError as e:
+        error = e.__context__  # the jsonschema error that snakemake's validate() wraps
+        if not isinstance(error, jsonschema.ValidationError):
+            raise
+        raise WorkflowError(f"{where}: {schema_problem(error)}{context}") from None
+    return data
+
+
+def condition_problem(condition, driver):
+    """Why the `driver` driver cannot run `condition` (no file in configs/condition/, or the file's
+    unsupported_drivers names the driver, with why), else None."""
     path = CONDITIONS / f"{condition}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONDITIONS.glob("*.yaml")))
-        raise WorkflowError(
-            f"pairs.{pair}.conditions: {condition!r} has no configs/condition/{condition}.yaml; known: {known}"
-        )
-    with open(path) as f:
-        unsupported = (yaml.safe_load(f) or {}).get("unsupported_drivers") or {}
-    driver = pair_cfg(pair)["driver"]
-    if driver in unsupported:
-        raise WorkflowError(
-            f"pairs.{pair}.conditions: {condition!r} does not run on the {driver} driver: "
-            f"{unsupported[driver]}; remove it from pairs.{pair}.conditions"
-        )
+    if path.is_file():
+        with open(path) as f:
+            why = ((yaml.safe_load(f) or {}).get("unsupported_drivers") or {}).get(driver)
+        if not why:
+            return None
+        problem = f"{condition!r} does not run on the {driver} driver: {why}"
+    else:
+        problem = f"{condition!r} has no configs/condition/{condition}.yaml"
+    known = known_conditions(CONDITIONS.parent / "train", driver)  # any tree beside configs/condition/
+    return f"{problem}; the {driver} driver runs: {', '.join(known)}"
+
+
+def check_data(pair, cfg):
+    """The pair's data sets are the config's and have the split its training run reads."""
+    for key, split in (("train_data", "train.parquet"), ("val_data", "test.parquet")):
+        name = cfg.get(key)
+        if name is None:
+            continue
+        if name not in config["datasets"]:
+            raise config_error(
+                f"pairs.{pair}.{key}",
+                f"{name!r} is not in `datasets` ({', '.join(config['datasets'])}); add datasets.{name}",
+            )
+        if split not in DATASET_FILES[name]:
+            raise config_error(
+                f"pairs.{pair}.{key}",
+                f"{name!r} has no {split} (`commrl prepare --dataset {name}` writes "
+                f"{', '.join(DATASET_FILES[name])}); name a data set that has one",
+            )
+
+
+def check_benchmarks(pair, cfg):
+    """The pair's benchmarks are the eval registry's (commrl.eval.benchmarks), each with its problems: the
+    registry's own source or `data`, a file of the data stage when under results/."""
+    made = [f for name in config["datasets"] for f in data_files(name)]
+    for name, bench in cfg["eval"]["benchmarks"].items():
+        field = f"pairs.{pair}.eval.benchmarks.{name}"
+        if name not in BENCHMARKS:
+            known = ", ".join(BENCHMARKS)
+            raise config_error(field, f"{name!r} is not in the eval registry (commrl.eval.benchmarks): {known}")
+        data, registered = bench.get("data"), BENCHMARKS[name]
+        if data is None and registered.hub is None and not registered.builtin:
+            jsonl = ", ".join(f for f in made if f.endswith(".jsonl")) or "none here"
+            raise config_error(
+                field,
+                f"no `data`, and the registry has no source for {name}; set data: to a jsonl of problems "
+                f"(the data stage writes {jsonl})",
+            )
+        if data and data.startswith("results/") and data not in made:
+            raise config_error(
+                f"{field}.data", f"{data!r} is not a file of the data stage (it writes {', '.join(made)})"
+            )
 
 
 def check_config():
-    """Cross-field checks the schema cannot express; each error names the field and the fix."""
-    for pair, cfg in config["pairs"].items():
-        for key in ("train_data", "val_data"):
-            name = cfg.get(key)
-            if name is not None and name not in config["datasets"]:
-                raise WorkflowError(f"pairs.{pair}.{key}: {name!r} is not in `datasets`; add datasets.{name}")
-        for condition in cfg["conditions"]:
-            check_condition(pair, condition)
-        for condition in cfg["ticks"]:
-            if condition not in cfg["conditions"]:
-                raise WorkflowError(
-                    f"pairs.{pair}.ticks.{condition}: {condition!r} is not in pairs.{pair}.conditions"
-                )
-        for condition in cfg["eval"].get("conditions", []):
-            if condition not in cfg["conditions"]:
-                raise WorkflowError(
-                    f"pairs.{pair}.eval.conditions: {condition!r} is not in pairs.{pair}.conditions"
-                )
-        if "sweep" in cfg:
-            sweep_config(pair)
+    """The config against workflow/schemas/config.schema.yaml, then every cross-reference the schema cannot
+    express, before any job is planned; each error names the file, the field, the bad value and the fix."""
+    checked(config, "config.schema.yaml", config_files())
     for name, cfg in config["datasets"].items():
         if "exclude" in cfg and cfg["exclude"] not in config["datasets"]:
-            raise WorkflowError(f"datasets.{name}.exclude: {cfg['exclude']!r} is not in `datasets`; add it")
+            raise config_error(f"datasets.{name}.exclude", f"{cfg['exclude']!r} is not in `datasets`; add it")
+    for pair, cfg in config["pairs"].items():
+        check_data(pair, cfg)
+        for condition in cfg["conditions"]:
+            problem = condition_problem(condition, cfg["driver"])
+            if problem:
+                raise config_error(f"pairs.{pair}.conditions", problem)
+        run = f"is not in pairs.{pair}.conditions"
+        for condition in cfg["ticks"]:
+            if condition not in cfg["conditions"]:
+                raise config_error(f"pairs.{pair}.ticks.{condition}", f"{condition!r} {run}")
+        for condition in cfg["eval"].get("conditions", []):
+            if condition not in cfg["conditions"]:
+                raise config_error(f"pairs.{pair}.eval.conditions", f"{condition!r} {run}")
+        check_benchmarks(pair, cfg)
+        if "sweep" in cfg:
+            sweep_config(pair)
 
 
 def netmodel_configs():

@@ -1,6 +1,7 @@
 # One benchmark on one checkpoint = one job: results/eval/<pair>/<condition>/seed<k>/<benchmark>.json.
-# The run's summary.json carries the MLflow run id the evaluation is nested under and the model at the
-# pair's read tick (final/, or tick<read_at>/ for runs that train past it, such as pair A's KL runs).
+# The run's summary.json is the input: it carries the MLflow run id the evaluation is nested under and names
+# the model at the pair's read tick (`read`: final/, or tick<read_at>/ for runs that train past it, such as
+# pair A's KL runs), the one `commrl eval --summary` evaluates; a summary that names none fails the job.
 
 
 rule eval:

@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from commrl.cli.main import fail
+from commrl.errors import ConfigError
 from commrl.eval.benchmarks import BENCHMARKS
 from commrl.eval.errors import EvalError
 from commrl.eval.runner import BACKENDS
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.checkpoint is None and args.summary is None:
-            raise EvalError(
+            raise ConfigError(
                 "give --checkpoint DIR, or --summary of a training run to evaluate its read point"
             )
         checkpoint = args.checkpoint or read_point_checkpoint(trained, args.summary)
@@ -89,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
             tracking_uri=args.tracking_uri,
         )
     except USER_ERRORS as err:
-        print(f"commrl eval: error: {err}", file=sys.stderr)
-        return 2
+        return fail("eval", err)
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in summary["metrics"].items() if not k.endswith("_stderr"))
     print(
         f"{summary['benchmark']} on {summary['checkpoint']}: {metrics} ({summary['n_docs']} problems)"

@@ -2,6 +2,9 @@
 
 Each sub-command lives in its own module ``commrl.cli.<name>`` exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; modules are imported only when their sub-command runs, so ``commrl --help`` is fast.
+A ``ConfigError`` out of ``run`` (a setting missing, unknown or out of range) is printed as
+``commrl <command>: error: <message>``, without a traceback, and exits ``EXIT_USAGE`` (2, argparse's
+status for a bad command line); the commands print their other errors the same way (``fail``).
 """
 
 from __future__ import annotations
@@ -9,6 +12,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from commrl.errors import ConfigError
+
+EXIT_USAGE = 2  # a bad setting or request
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "init-store": (
@@ -50,7 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"commrl {name}", description=help_text)
     module.add_arguments(parser)
     args = parser.parse_args(rest)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except ConfigError as err:
+        return fail(name, err)
+
+
+def fail(command: str, error: object, code: int = EXIT_USAGE) -> int:
+    """Print ``commrl <command>: error: <error>`` to stderr; return ``code``, the exit status."""
+    print(f"commrl {command}: error: {error}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -7,13 +7,12 @@ pair) or the analytic ledger (``bytes: analytic``, pair A), compute from the run
     commrl netmodel --pair tiny --link 10GbE
     commrl netmodel --pair A --compute-s 400 --bandwidth-gbps 25 --latency-us 5 --stages 4 --dp 8
 
-Bad parameters exit 2 with a message naming the option.
+Bad parameters exit 2 with a message naming the option (``ConfigError``: ``commrl.cli.main``).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -161,6 +160,8 @@ def format_result(result: NetworkResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from commrl.cli.main import fail
+    from commrl.errors import ConfigError
     from commrl.netmodel.analysis import evaluate
     from commrl.netmodel.config import pair_inputs
     from commrl.netmodel.links import NetModelError
@@ -172,11 +173,9 @@ def run(args: argparse.Namespace) -> int:
         result = evaluate(pair_inputs(cfg, args.tracking_uri), links, cfg.sweep, cfg.target_fraction)
     except NetModelError as err:
         flag = FLAGS.get(err.field)
-        print(f"commrl netmodel: {flag + ': ' if flag else ''}{err}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"{flag}: {err}" if flag else str(err)) from None
     except ReportInputError as err:
-        print(f"commrl netmodel: --pair/--tracking-uri: {err}", file=sys.stderr)
-        return 2
+        return fail("netmodel", f"--pair/--tracking-uri: {err}")
     print(format_result(result))
     if args.figures:
         from pathlib import Path

@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from commrl import __version__, tracking
+from commrl.cli.main import fail
 from commrl.data.schema import QWEN_MATH_TEMPLATE, DataError
 
 DATASETS = ("math", "math500", "deepscaler", "toy")
@@ -89,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
             )
         manifest = write_dataset(args.out, prepared, created_by)
     except DataError as err:
-        print(f"commrl prepare: error: {err}", file=sys.stderr)
-        return 2
+        return fail("prepare", err)
     m = manifest
     print(
         f"{args.dataset}: {m['rows_in']} rows in, {m['rows_out']} out, "

@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from commrl.cli.main import fail
     from commrl.data.schema import DataError
     from commrl.models.pretrain import PretrainConfig, pretrain
 
@@ -66,9 +67,8 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
         ).validate()
         result = pretrain(args.data, args.out, cfg)
-    except (DataError, ValueError) as err:
-        print(f"commrl pretrain: error: {err}", file=sys.stderr)
-        return 2
+    except DataError as err:
+        return fail("pretrain", err)
     print(
         f"base policy -> {args.out}: greedy validation acc {result['greedy_acc']:.3f}, "
         f"T=1 pass rate {result['pass_rate_t1']:.3f}, {result['steps']} steps, {result['seconds']:.0f} s"

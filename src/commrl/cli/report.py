@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def _threshold(text: str) -> tuple[str, float]:
@@ -47,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from commrl.netmodel import NetModelError
+    from commrl.cli.main import fail
     from commrl.report import ClaimThresholds, ReportInputError, build_report
     from commrl.report.network import NetworkOptions
 
@@ -57,9 +56,8 @@ def run(args: argparse.Namespace) -> int:
         result = build_report(
             args.pair, args.out, tracking_uri=args.tracking_uri, thresholds=thresholds, network=network
         )
-    except (ReportInputError, NetModelError) as err:
-        print(f"commrl report: {err}", file=sys.stderr)
-        return 2
+    except ReportInputError as err:
+        return fail("report", err)
     drawn = sum(f.drawn for f in result.figures)
     print(
         f"report of {', '.join(result.pairs)} in {result.out_dir}: {drawn} figures, "

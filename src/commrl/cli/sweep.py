@@ -7,9 +7,10 @@
 ``init`` creates the study and its MLflow parent run once (a second call is a no-op); start any number of
 ``worker``s afterwards, rerun them after a crash or preemption (they do only what is left); ``summary``
 writes best_params.json, trials.csv, importances.json and the plots. The study name defaults to
-``<pair>-<condition>``. Exit status: 0 done, 1 a bad config or an unusable study (the message says which),
-75 a worker stopped by SIGUSR1 or SIGTERM (a preemption or time-limit warning): its running trial
-checkpointed and was queued again with the same params; rerun the worker to go on.
+``<pair>-<condition>``. Exit status: 0 done, 2 a bad config (``ConfigError``, a study created with other
+settings included: ``commrl.cli.main``), 1 a study that cannot be used as asked (``SweepError``), 75 a
+worker stopped by SIGUSR1 or SIGTERM (a preemption or time-limit warning): its running trial checkpointed
+and was queued again with the same params; rerun the worker to go on.
 
 A grid config (``sampler: {name: grid}``, e.g. configs/sweep/tiny-regime.yaml) runs the same three steps
 on its studies (``commrl.sweep.grid``): with a ``baseline``, ``init`` and ``worker`` do the baseline's
@@ -27,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+EXIT_STUDY = 1  # a study that cannot be used as asked (``SweepError``)
 COMMANDS = {
     "init": "create the study, enqueue the defaults and the MLflow parent run (once)",
     "worker": "run trials until the study's budget is used",
@@ -55,23 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from commrl.cli.main import fail
+    from commrl.errors import ConfigError
     from commrl.sweep.config import load_sweep_config
-    from commrl.sweep.space import SweepConfigError
     from commrl.sweep.study import SweepError
 
+    cfg = load_sweep_config(args.config)
+    study = args.study or f"{cfg.pair}-{cfg.condition}"
     try:
-        cfg = load_sweep_config(args.config)
-        study = args.study or f"{cfg.pair}-{cfg.condition}"
         if args.action == "init":
             return _init(cfg, study, args.out)
         if args.action == "worker":
             if args.worker < 0:
-                raise SweepConfigError(f"--worker={args.worker} must be >= 0")
+                raise ConfigError(f"--worker={args.worker} must be >= 0")
             return _worker(cfg, study, args.worker, args.out)
         return _summary(cfg, study, args.out)
-    except (SweepConfigError, SweepError) as err:
-        print(f"commrl sweep {args.action}: {err}", file=sys.stderr)
-        return 1
+    except SweepError as err:
+        return fail("sweep", err, EXIT_STUDY)
 
 
 def _init(cfg, study: str, out: Path | None) -> int:

@@ -3,9 +3,10 @@
     commrl train pair=tiny condition=method seed=0 out_dir=results/runs/tiny/method/seed0
     commrl train --cfg pair=tiny condition=dense        # print the resolved config and exit
 
-Exit status: 0 when every asked tick was trained, 1 on a configuration or data error, 3 when the run
-stopped early (collapse alarm) or trained fewer ticks than asked, 75 when SIGUSR1 or SIGTERM (a preemption
-or time-limit warning) stopped it after a tick and its checkpoint: rerun the same command to resume.
+Exit status: 0 when every asked tick was trained, 2 on a configuration error (``ConfigError``, a missing
+data file included: ``commrl.cli.main``), 3 when the run stopped early (collapse alarm) or trained fewer
+ticks than asked, 75 when SIGUSR1 or SIGTERM (a preemption or time-limit warning) stopped it after a tick
+and its checkpoint: rerun the same command to resume.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from commrl.rl.config import ConfigError, compose_train_config, load_train_config
+from commrl.rl.config import compose_train_config, load_train_config
 from commrl.run import preempt
 
 EXIT_INCOMPLETE = 3
@@ -31,24 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        if args.cfg:
-            import yaml
+    if args.cfg:
+        import yaml
 
-            print(yaml.safe_dump(compose_train_config(args.overrides, args.config_dir), sort_keys=False))
-            return 0
-        cfg = load_train_config(args.overrides, args.config_dir)
-    except ConfigError as err:
-        print(f"commrl train: config error: {err}", file=sys.stderr)
-        return 1
+        print(yaml.safe_dump(compose_train_config(args.overrides, args.config_dir), sort_keys=False))
+        return 0
+    cfg = load_train_config(args.overrides, args.config_dir)
     from commrl.rl.trainer import LocalTrainer
 
     try:
         with preempt.watch():
             result = LocalTrainer(cfg).train()
-    except ConfigError as err:
-        print(f"commrl train: {err}", file=sys.stderr)
-        return 1
     except preempt.Preempted as stop:
         print(f"commrl train: {stop}; rerun to resume (exit {preempt.EXIT_PREEMPTED})", file=sys.stderr)
         return preempt.EXIT_PREEMPTED

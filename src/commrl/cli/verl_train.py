@@ -10,9 +10,10 @@ the command line's: ``method.*``, ``model.*``, ``dataset.*``, ``rl.*``, ``ticks`
 go to commrl's tree, every other ``key=value`` to verl's. After training: ``DIR/final`` (the last checkpoint
 as an HF folder), ``DIR/tick<read_at>`` when the read point is an earlier checkpoint, ``DIR/summary.json``.
 
-Exit status: 0 when every asked tick was trained; 1 on a configuration, data or environment error (no
-GPU); 3 when verl trained fewer ticks than asked; 75 when a preemption or time-limit warning (SIGUSR1, or
-SIGTERM, reaching verl's TaskRunner process) stopped it after a step saved by verl: rerun to resume.
+Exit status: 0 when every asked tick was trained; 2 on a configuration error (``ConfigError``, missing
+data files included: ``commrl.cli.main``); 1 without a GPU or when verl failed; 3 when verl trained fewer
+ticks than asked; 75 when a preemption or time-limit warning (SIGUSR1, or SIGTERM, reaching verl's
+TaskRunner process) stopped it after a step saved by verl: rerun to resume.
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ import sys
 from pathlib import Path
 
 from commrl import tracking
-from commrl.compression.config import ConfigError
+from commrl.cli.main import fail
+from commrl.errors import ConfigError
 from commrl.run import preempt, record
 from commrl.run.summary import SUMMARY_FILE
 
 EXIT_ERROR, EXIT_INCOMPLETE = 1, 3
+NO_GPU = (
+    "verl's main_ppo needs a GPU (vLLM sampling, FSDP training) and this machine has none "
+    "(torch.cuda.is_available() is False). Check the run's config here with --dry-run; train on CPU "
+    "with the embedded tiny pipeline instead (commrl train pair=tiny ..., or snakemake with "
+    "configs/pipeline/tiny.yaml)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,46 +65,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from commrl.verl_ext import config as vc
 
-    try:
-        commrl_overrides, verl_overrides = vc.split_overrides(args.overrides)
-        spec = vc.compose_run(args.pair, args.condition, args.seed, commrl_overrides, args.config_dir)
-        data_dir = (args.data_dir or tracking.results_dir() / "data").resolve()
-        out_dir = args.out.resolve()
-        uri = tracking.default_tracking_uri()
-        placement = record.RunSpec.from_json(args.run_spec) if args.run_spec else record.RunSpec()
-        run_id = None if args.dry_run else record.recorded_run_id(out_dir, uri)
-        overrides = vc.run_overrides(spec, out_dir, data_dir, args.val_file, uri, run_id, verl_overrides)
-        cfg = vc.compose_verl_config(overrides)
-        vc.check_verl_config(cfg)
-        missing = [f for f in (cfg.data.train_files, cfg.data.val_files) if not Path(f).exists()]
-        if args.dry_run:
-            print(vc.resolved_yaml(cfg), end="")
-            for f in missing:
-                print(f"commrl verl-train: note: {f} does not exist yet", file=sys.stderr)
-            return 0
-        require_gpu()
-        if missing:
-            raise ConfigError(
-                f"data file(s) missing: {', '.join(missing)}; prepare them (commrl prepare --dataset "
-                f"{spec.train_dataset} / {spec.val_dataset} --out <data-dir>/<name>) or pass --data-dir / "
-                "--val-file"
-            )
-    except (ConfigError, ValueError) as err:
-        print(f"commrl verl-train: {err}", file=sys.stderr)
-        return EXIT_ERROR
-    return train(spec, cfg, out_dir, uri, run_id, placement)
-
-
-def require_gpu() -> None:
+    commrl_overrides, verl_overrides = vc.split_overrides(args.overrides)
+    spec = vc.compose_run(args.pair, args.condition, args.seed, commrl_overrides, args.config_dir)
+    data_dir = (args.data_dir or tracking.results_dir() / "data").resolve()
+    out_dir = args.out.resolve()
+    uri = tracking.default_tracking_uri()
+    placement = record.RunSpec.from_json(args.run_spec) if args.run_spec else record.RunSpec()
+    run_id = None if args.dry_run else record.recorded_run_id(out_dir, uri)
+    overrides = vc.run_overrides(spec, out_dir, data_dir, args.val_file, uri, run_id, verl_overrides)
+    cfg = vc.compose_verl_config(overrides)
+    vc.check_verl_config(cfg)
+    missing = [f for f in (cfg.data.train_files, cfg.data.val_files) if not Path(f).exists()]
+    if args.dry_run:
+        print(vc.resolved_yaml(cfg), end="")
+        for f in missing:
+            print(f"commrl verl-train: note: {f} does not exist yet", file=sys.stderr)
+        return 0
     import torch
 
     if not torch.cuda.is_available():
+        return fail("verl-train", NO_GPU, EXIT_ERROR)
+    if missing:
         raise ConfigError(
-            "verl's main_ppo needs a GPU (vLLM sampling, FSDP training) and this machine has none "
-            "(torch.cuda.is_available() is False). Check the run's config here with --dry-run; train on CPU "
-            "with the embedded tiny pipeline instead (commrl train pair=tiny ..., or snakemake with "
-            "configs/pipeline/tiny.yaml)"
+            f"data file(s) missing: {', '.join(missing)}; prepare them (commrl prepare --dataset "
+            f"{spec.train_dataset} / {spec.val_dataset} --out <data-dir>/<name>) or pass --data-dir / "
+            "--val-file"
         )
+    return train(spec, cfg, out_dir, uri, run_id, placement)
 
 
 def identity(spec, ticks: int) -> record.RunIdentity:

@@ -19,7 +19,7 @@ from commrl.compression.activation import (
     sketch_update,
 )
 from commrl.compression.anchor import TwoCircuitController, build_codec
-from commrl.compression.config import ConfigError, MethodConfig, compression_layers
+from commrl.compression.config import MethodConfig, compression_layers
 from commrl.compression.hooks import SUPPORTED_MODEL_TYPES, CompressionPoints, decoder_layers
 from commrl.compression.ledger import AnalyticBytes, ByteLedger, analytic_tick_bytes, qwen25_15b_shapes
 from commrl.compression.powersgd import PowerSGD, WireBytes, cholesky_orth
@@ -38,7 +38,6 @@ __all__ = [
     "BasisRefresh",
     "ByteLedger",
     "CompressionPoints",
-    "ConfigError",
     "DenseMemory",
     "IdentityCodec",
     "LowRankActivationCodec",

@@ -12,16 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from commrl.errors import ConfigError
+
 CODECS = ("identity", "lowrank", "prf_mask")
 GRAD_CODECS = ("none", "powersgd")
 PROJECTIONS = ("none", "secant", "quad4", "progressive", "relex")
 KL_REF_FORWARDS = ("codec", "dense")
 POINTS = ("all", "boundaries")
 SIGN_SCOPES = ("all", "compressed")
-
-
-class ConfigError(ValueError):
-    """A method setting out of its allowed range; the message names field, value and the fix."""
 
 
 def _fail(field: str, value: Any, allowed: str) -> ConfigError:
@@ -81,7 +79,8 @@ class MethodConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(
-                f"unknown method setting(s) {', '.join(unknown)}; known settings: {', '.join(sorted(known))}"
+                f"unknown method setting(s) {', '.join('method.' + k for k in unknown)}; known settings: "
+                f"{', '.join(sorted(known))}"
             )
         return cls(**dict(values))
 

@@ -6,11 +6,9 @@
 from commrl.eval.benchmarks import BENCHMARKS, Benchmark, HubSource, get_benchmark
 from commrl.eval.errors import (
     USER_ERRORS,
-    BenchmarkError,
     DatasetFormatError,
     DatasetUnavailableError,
     EvalError,
-    PairConfigError,
     TrainingRunError,
 )
 from commrl.eval.pairs import EVAL_DEFAULTS, PairSettings, pair_settings
@@ -22,12 +20,10 @@ __all__ = [
     "EVAL_DEFAULTS",
     "USER_ERRORS",
     "Benchmark",
-    "BenchmarkError",
     "DatasetFormatError",
     "DatasetUnavailableError",
     "EvalError",
     "HubSource",
-    "PairConfigError",
     "PairSettings",
     "TrainingRunError",
     "evaluate_checkpoint",

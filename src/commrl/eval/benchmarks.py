@@ -23,7 +23,7 @@ from typing import Any
 
 from commrl.data.schema import QWEN_MATH_TEMPLATE
 from commrl.data.toy import TOY_TEMPLATE
-from commrl.eval.errors import BenchmarkError
+from commrl.errors import ConfigError
 
 GREEDY, AVG_K, MC = "greedy", "avg@k", "mc"
 KINDS = (GREEDY, AVG_K, MC)
@@ -75,11 +75,11 @@ class Benchmark:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise BenchmarkError(f"{self.name}: kind={self.kind!r} is not one of {', '.join(KINDS)}")
+            raise ConfigError(f"{self.name}: kind={self.kind!r} is not one of {', '.join(KINDS)}")
         if self.kind == AVG_K and (self.k < 2 or self.temperature <= 0):
-            raise BenchmarkError(f"benchmark {self.name}: avg@k needs k >= 2 and temperature > 0")
+            raise ConfigError(f"benchmark {self.name}: avg@k needs k >= 2 and temperature > 0")
         if self.kind != AVG_K and (self.k != 1 or self.temperature != 0):
-            raise BenchmarkError(f"benchmark {self.name}: kind {self.kind} is one greedy pass (k=1, T=0)")
+            raise ConfigError(f"benchmark {self.name}: kind {self.kind} is one greedy pass (k=1, T=0)")
 
     @property
     def scoring(self) -> str:
@@ -99,7 +99,7 @@ class Benchmark:
         if self.kind == MC:
             return None
         if max_gen_toks < 1:
-            raise BenchmarkError(f"max_gen_toks={max_gen_toks} must be >= 1 (the pair's response budget)")
+            raise ConfigError(f"max_gen_toks={max_gen_toks} must be >= 1 (the pair's response budget)")
         sampled = self.kind == AVG_K
         return {
             "until": list(STOP_STRINGS),
@@ -142,8 +142,8 @@ BENCHMARKS: dict[str, Benchmark] = {
 
 
 def get_benchmark(name: str) -> Benchmark:
-    """The registered benchmark ``name``; an unknown name raises ``BenchmarkError`` listing the known ones."""
+    """The registered benchmark ``name``; an unknown name raises ``ConfigError`` listing the known ones."""
     try:
         return BENCHMARKS[name]
     except KeyError:
-        raise BenchmarkError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}") from None
+        raise ConfigError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}") from None

@@ -1,4 +1,8 @@
-"""The errors of a bad evaluation request; each message names the value at fault and the fix."""
+"""The errors of a bad evaluation request; each message names the value at fault and the fix.
+
+A bad setting (backend, limit, a pair's evaluation settings, a benchmark's) is a
+``commrl.errors.ConfigError``; the other classes here are what is wrong besides a setting.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,7 @@ from commrl.data.schema import DataError
 
 
 class EvalError(ValueError):
-    """A bad evaluation request (backend, checkpoint, limit, pair, missing vLLM)."""
-
-
-class BenchmarkError(EvalError):
-    """An unknown benchmark or a bad benchmark setting."""
-
-
-class PairConfigError(EvalError):
-    """A missing or out-of-range evaluation setting of a pair."""
+    """A bad evaluation request that is not a setting (checkpoint, training run's summary, missing vLLM)."""
 
 
 class DatasetFormatError(EvalError):

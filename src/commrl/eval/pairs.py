@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from commrl import config_tree
-from commrl.eval.errors import PairConfigError
+from commrl.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -47,21 +47,21 @@ class PairSettings:
         for name in ("max_gen_toks", "max_model_len", "tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PairConfigError(f"eval.{name}={value!r} must be an integer >= 1 (pair {self.pair})")
+                raise ConfigError(f"eval.{name}={value!r} must be an integer >= 1 (pair {self.pair})")
         if self.max_gen_toks >= self.max_model_len:
-            raise PairConfigError(
+            raise ConfigError(
                 f"eval.max_gen_toks={self.max_gen_toks} must be below eval.max_model_len="
                 f"{self.max_model_len} (pair {self.pair}): the prompt needs room; raise max_model_len"
             )
         if self.dtype not in DTYPES:
-            raise PairConfigError(f"eval.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
+            raise ConfigError(f"eval.dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise PairConfigError(
+            raise ConfigError(
                 f"eval.gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]"
             )
         batch = self.batch_size
         if batch != "auto" and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
-            raise PairConfigError(f"eval.batch_size={self.batch_size!r} must be 'auto' or an integer >= 1")
+            raise ConfigError(f"eval.batch_size={self.batch_size!r} must be 'auto' or an integer >= 1")
 
 
 # What only evaluation decides, per pair (the budget comes from the pair's training config).
@@ -81,7 +81,7 @@ def pair_files(pair: str, config_root: Path | None = None) -> dict[str, Path]:
             continue
         try:
             files[tree] = config_tree.tree_dir(tree) / "pair" / f"{pair}.yaml"
-        except config_tree.ConfigTreeError:
+        except ConfigError:
             continue  # no such tree here: its pairs are unknown
     return files
 
@@ -91,9 +91,7 @@ def training_budget(pair: str, config_root: Path | None = None) -> dict[str, int
     when no driver's tree has the pair."""
     found = {tree: path for tree, path in pair_files(pair, config_root).items() if path.is_file()}
     if len(found) > 1:
-        raise PairConfigError(
-            f"pair {pair!r} is defined twice ({', '.join(map(str, found.values()))}); keep one"
-        )
+        raise ConfigError(f"pair {pair!r} is defined twice ({', '.join(map(str, found.values()))}); keep one")
     if not found:
         return {}
     tree, path = next(iter(found.items()))
@@ -119,14 +117,14 @@ def pair_settings(
     fields = {f.name for f in dataclasses.fields(PairSettings)}
     unknown = sorted(set(values) - fields)
     if unknown:
-        raise PairConfigError(
+        raise ConfigError(
             f"unknown eval setting(s) {', '.join(unknown)}; allowed: {', '.join(sorted(fields))}"
         )
     missing = [name for name in ("max_gen_toks", "max_model_len") if name not in values]
     if missing:
         files = pair_files(pair, config_root)
         known = sorted({p.stem for path in files.values() for p in path.parent.glob("*.yaml")})
-        raise PairConfigError(
+        raise ConfigError(
             f"pair {pair!r} has no eval settings for {', '.join(missing)}: no training config "
             f"{' or '.join(map(str, files.values()))} to read them from (known pairs: {', '.join(known)}); "
             "pass --max-gen-toks/--max-model-len or a --config YAML with them"
@@ -139,7 +137,7 @@ def _setting(data: dict[str, Any], keys: tuple[str, ...], path: Path) -> int:
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PairConfigError(
+        raise ConfigError(
             f"{path} has no integer {'.'.join(keys)} (got {value!r}): the pair's training response budget, "
             "which evaluation reads; set it there or pass --max-gen-toks/--max-model-len"
         )
@@ -150,8 +148,8 @@ def _read_config(path: Path) -> dict[str, Any]:
     import yaml
 
     if not path.is_file():
-        raise PairConfigError(f"eval config {path} does not exist")
+        raise ConfigError(f"eval config {path} does not exist")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
-        raise PairConfigError(f"eval config {path} must map setting: value, got {type(data).__name__}")
+        raise ConfigError(f"eval config {path} must map setting: value, got {type(data).__name__}")
     return data

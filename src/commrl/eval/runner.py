@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from commrl import tracking
+from commrl.errors import ConfigError
 from commrl.eval import mlflow_log
 from commrl.eval.atomic import write_lines_atomic, write_text_atomic
 from commrl.eval.benchmarks import MC, Benchmark, get_benchmark
@@ -90,12 +91,12 @@ def evaluate_checkpoint(
     """
     bench = get_benchmark(benchmark)
     if lm is None and backend not in BACKENDS:
-        raise EvalError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+        raise ConfigError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
     ckpt = Path(checkpoint).resolve()
     if lm is None and not (ckpt / "config.json").is_file():
         raise EvalError(f"checkpoint {ckpt} is not a model directory (no config.json); pass a run's final/")
     if limit is not None and limit < 1:
-        raise EvalError(f"limit={limit} must be >= 1 (problems per task)")
+        raise ConfigError(f"limit={limit} must be >= 1 (problems per task)")
     uri = tracking_uri or tracking.default_tracking_uri()
     parent = mlflow_log.training_run(run_id, uri) if (run_id and log_to_mlflow) else None
     pair = _resolve_pair(pair, parent)

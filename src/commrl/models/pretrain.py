@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 from commrl.data.files import read_split
 from commrl.data.schema import DataError
 from commrl.data.toy import toy_response
+from commrl.errors import ConfigError
 from commrl.models.tiny import TinyModelShape, build_char_tokenizer, build_tiny_model, save_model_dir
 from commrl.rl.reward import boxed_reward
 from commrl.staging import staged_dir
@@ -61,7 +62,7 @@ class PretrainConfig:
     pass_samples: int = 2
 
     def validate(self) -> PretrainConfig:
-        """Raise ``ValueError`` naming the bad field and its allowed range; return self."""
+        """Raise ``ConfigError`` naming the bad field and its allowed range; return self."""
         rules = {
             "max_steps": (self.max_steps >= 1, ">= 1"),
             "target_acc": (0.0 < self.target_acc <= 1.0, "in (0, 1]"),
@@ -80,7 +81,7 @@ class PretrainConfig:
         }
         for name, (ok, rule) in rules.items():
             if not ok:
-                raise ValueError(f"pretrain.{name}={getattr(self, name)!r} must be {rule}")
+                raise ConfigError(f"pretrain.{name}={getattr(self, name)!r} must be {rule}")
         return self
 
 

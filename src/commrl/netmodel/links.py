@@ -12,12 +12,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from commrl.errors import ConfigError
+
 BITS_PER_BYTE = 8
 COLLECTIVES = ("allreduce", "rs_ag")  # ring all-reduce, or reduce-scatter + all-gather (FSDP's pattern)
 
 
-class NetModelError(ValueError):
-    """A bad network-model parameter; ``field`` names it, the message says what is allowed and the fix."""
+class NetModelError(ConfigError):
+    """A bad network-model parameter; ``field`` names it (``commrl netmodel`` maps it to the option that sets
+    it), the message says what is allowed and the fix."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)

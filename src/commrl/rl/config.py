@@ -1,27 +1,31 @@
 """The configuration of one local training run, validated before any model loads.
 
 The Hydra tree in ``configs/train/`` (with the conditions of ``configs/condition/``, shared with the cluster
-driver) composes into a plain mapping; ``TrainConfig.from_dict`` turns it into these dataclasses, rejecting
-unknown keys by name and values out of range with the field, the value and the allowed range
-(``ConfigError``). The method's own knobs go to ``commrl.compression.MethodConfig``.
+driver), whose structured schema is ``TrainConfig``, composes into a plain mapping; ``TrainConfig.from_dict``
+turns a mapping into these dataclasses through the same schema (OmegaConf rejects unknown keys and wrong
+types), then each part's ``validate`` checks its ranges. Every failure is a ``ConfigError`` naming the
+field's dotted path, the value and what is allowed. The method's own knobs go to
+``commrl.compression.MethodConfig``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from commrl import config_tree
-from commrl.rl.correction import BEHAVIOUR_LOGPROBS, CorrectionError, RolloutCorrection
+from commrl.errors import ConfigError
+from commrl.rl.correction import BEHAVIOUR_LOGPROBS, RolloutCorrection
+
+if TYPE_CHECKING:
+    from omegaconf.errors import OmegaConfBaseException
 
 SCHEMA_NAME = "commrl_train_schema"  # the structured schema the Hydra tree starts from (configs/train)
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range; the message names the field and the fix."""
 
 
 @dataclass
@@ -117,10 +121,9 @@ class RLConfig:
         _range("rl.read_at", self.read_at, 1, self.ticks)
         _range("rl.staleness", self.staleness, 0, self.ticks - 1)
         _choice("rl.behaviour_logprobs", self.behaviour_logprobs, BEHAVIOUR_LOGPROBS)
-        try:
-            self.rollout_correction.validate()
-        except CorrectionError as err:
-            raise ConfigError(str(err)) from None
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"rl.betas={self.betas!r} is invalid: AdamW's 2 betas, each in [0, 1)")
+        self.rollout_correction.validate()
 
 
 @dataclass
@@ -172,18 +175,23 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TrainConfig:
-        """Build and validate; unknown keys and bad values raise ``ConfigError`` naming the field."""
-        cfg = _build(cls, raw, "")
+        """Build through the structured schema (keys, types), then validate (ranges): ``ConfigError``."""
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"the training config must be a mapping, got {type(raw).__name__}")
+        try:
+            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+        except OmegaConfBaseException as err:
+            raise _schema_error(err) from None
         cfg.validate()
         return cfg
 
     def validate(self) -> None:
         if not self.pair:
             raise ConfigError("pair is empty; set pair=<name> (e.g. pair=tiny)")
-        try:
-            config_tree.check_driver(self.condition, self.unsupported_drivers, "local")
-        except config_tree.ConfigTreeError as err:
-            raise ConfigError(str(err)) from None
+        config_tree.check_driver(self.condition, self.unsupported_drivers, "local")
         for part in (self.model, self.data, self.sampler, self.rl, self.checkpoint, self.health):
             part.validate()
         self.method_config()
@@ -191,16 +199,8 @@ class TrainConfig:
     def method_config(self, hidden_size: int | None = None):
         """The validated ``MethodConfig`` of this run (``hidden_size`` checks rank < hidden)."""
         from commrl.compression import MethodConfig
-        from commrl.compression.config import ConfigError as MethodConfigError
 
-        try:
-            mc = MethodConfig.from_dict({"seed": self.seed, **self.method})
-            mc.validate(hidden_size)
-        except MethodConfigError as err:
-            raise ConfigError(f"method.{err}") from err
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"method: {err}") from err
-        return mc
+        return MethodConfig.from_dict({"seed": self.seed, **self.method}).validate(hidden_size)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -210,56 +210,44 @@ class TrainConfig:
         return Path(self.out_dir)
 
 
-def _build(cls, raw: Mapping[str, Any], prefix: str):
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(
-            f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; allowed under "
-            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(sorted(fields))}"
-        )
-    kwargs = {}
-    for name, value in raw.items():
-        f = fields[name]
-        if f.type in ("Any", "typing.Any"):  # verl's str-or-float thresholds: checked by validate()
-            kwargs[name] = value
-            continue
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            kwargs[name] = _build(type(default), value, f"{prefix}{name}.")
-        elif isinstance(default, dict):
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{prefix}{name} must be a mapping")
-            kwargs[name] = dict(value)
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+
+
+def _schema_error(err: OmegaConfBaseException) -> ConfigError:
+    """OmegaConf's rejection of a key or a value of ``TrainConfig`` as a ``ConfigError`` naming its path."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    path = err.full_key or ""
+    reason = (err.msg or str(err)).splitlines()[0]
+    if not path:
+        return ConfigError(f"the training config is invalid: {reason}")
+    if isinstance(err, ConfigKeyError | ConfigAttributeError) and dataclasses.is_dataclass(err.object_type):
+        parent = path.rpartition(".")[0]
+        allowed = ", ".join(sorted(f.name for f in dataclasses.fields(err.object_type)))
+        return ConfigError(f"unknown config key {path}; allowed under {parent or 'the top level'}: {allowed}")
+    kind = _kind(_field_type(path))
+    return ConfigError(f"{path}={err.value!r} must be {kind}" if kind else f"{path}={err.value!r}: {reason}")
+
+
+def _field_type(path: str) -> Any:
+    """The declared type at a dotted ``path`` of ``TrainConfig`` (``rl.betas[1]`` -> float), else None."""
+    tp: Any = TrainConfig
+    for part in re.findall(r"[^.\[\]]+", path):
+        if dataclasses.is_dataclass(tp):
+            tp = typing.get_type_hints(tp).get(part)
         else:
-            kwargs[name] = _coerce(f"{prefix}{name}", value, default)
-    return cls(**kwargs)
+            args = typing.get_args(tp)
+            tp = args[-1] if args else None  # list[float] -> float, dict[str, X] -> X
+        if tp is None:
+            return None
+    return tp
 
 
-def _coerce(name: str, value: Any, default: Any) -> Any:
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name}={value!r} must be true or false")
-        return value
-    if isinstance(default, int) and not isinstance(default, bool):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name}={value!r} must be an integer")
-        return value
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{name}={value!r} must be a number")
-        return float(value)
-    if isinstance(default, str):
-        if not isinstance(value, str):
-            raise ConfigError(f"{name}={value!r} must be a string")
-        return value
-    if isinstance(default, list):
-        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != len(default):
-            raise ConfigError(f"{name}={value!r} must be a list of {len(default)} numbers")
-        return [float(v) for v in value]
-    return value
+def _kind(tp: Any) -> str | None:
+    """What a field of type ``tp`` accepts, in words (None for ``Any``)."""
+    if dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict:
+        return "a mapping"
+    return _KINDS.get(typing.get_origin(tp) or tp)
 
 
 def _range(name: str, value: float, lo: float | None, hi: float | None, lo_open=False, hi_open=False) -> None:
@@ -282,10 +270,7 @@ def _choice(name: str, value: str, allowed: Sequence[str]) -> None:
 
 def default_config_dir() -> Path:
     """``$COMMRL_TRAIN_CONFIGS``, else ``configs/train`` under the working directory or the repository."""
-    try:
-        return config_tree.tree_dir("train")
-    except config_tree.ConfigTreeError as err:
-        raise ConfigError(str(err)) from None
+    return config_tree.tree_dir("train")
 
 
 def compose_train_config(overrides: Sequence[str] = (), config_dir: Path | None = None) -> dict[str, Any]:
@@ -304,17 +289,28 @@ def compose_train_config(overrides: Sequence[str] = (), config_dir: Path | None 
     directory = (config_dir or default_config_dir()).resolve()
     condition = config_tree.override_value(overrides, "condition")
     if condition is not None:
-        try:
-            config_tree.check_condition_name(condition, directory, "local")
-        except config_tree.ConfigTreeError as err:
-            raise ConfigError(str(err)) from None
+        config_tree.check_condition_name(condition, directory, "local")
     search = config_tree.searchpath_override(directory)
     try:
         with initialize_config_dir(config_dir=str(directory), version_base="1.3", job_name="commrl_train"):
             cfg = compose(config_name="config", overrides=[search, *overrides])
         return OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
+        cause = _schema_cause(err)
+        if cause is not None:
+            raise _schema_error(cause) from None
         raise ConfigError(f"cannot compose the training config from {directory}: {err}") from err
+
+
+def _schema_cause(err: BaseException) -> OmegaConfBaseException | None:
+    """The OmegaConf error behind a Hydra composition error that names a field of the schema, if any."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    while err is not None:
+        if isinstance(err, OmegaConfBaseException) and err.full_key:
+            return err
+        err = err.__cause__
+    return None
 
 
 def load_train_config(overrides: Sequence[str] = (), config_dir: Path | None = None) -> TrainConfig:

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from commrl.errors import ConfigError
+
 if TYPE_CHECKING:  # torch and verl load when a correction runs: the report reads LOGGED_METRICS without them
     import torch
 
@@ -43,10 +45,6 @@ LOGGED_METRICS = (
     "rollout_corr/rollout_rs_masked_fraction",
     "rollout_corr/rollout_rs_seq_masked_fraction",
 )
-
-
-class CorrectionError(ValueError):
-    """A rollout-correction value is invalid; the message names the field (``rl.rollout_correction.*``)."""
 
 
 @dataclass
@@ -72,18 +70,16 @@ class RolloutCorrection:
         from verl.trainer.ppo import rollout_corr_helper as helper
 
         if self.rollout_is is not None and self.rollout_is not in ROLLOUT_IS:
-            raise CorrectionError(
+            raise ConfigError(
                 f"{prefix}.rollout_is={self.rollout_is!r} is not one of null, {', '.join(ROLLOUT_IS)}"
             )
         if self.loss_type not in LOSS_TYPES:
-            raise CorrectionError(
-                f"{prefix}.loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}"
-            )
+            raise ConfigError(f"{prefix}.loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
         if self.rollout_is is not None:
             try:
                 helper._parse_rollout_is_threshold(self.rollout_is_threshold)
             except (TypeError, ValueError) as err:
-                raise CorrectionError(
+                raise ConfigError(
                     f"{prefix}.rollout_is_threshold={self.rollout_is_threshold!r}: {err} (a positive "
                     "float for TIS, or 'lower_upper' with 0 < lower <= upper for IcePop)"
                 ) from None
@@ -91,7 +87,7 @@ class RolloutCorrection:
             options = [o.strip() for o in str(self.rollout_rs).split(",") if o.strip()]
             unknown = sorted(set(options) - helper.SUPPORTED_ROLLOUT_RS_OPTIONS)
             if not options or unknown:
-                raise CorrectionError(
+                raise ConfigError(
                     f"{prefix}.rollout_rs={self.rollout_rs!r}: unknown option(s) "
                     f"{', '.join(unknown) or '(none)'}; verl supports "
                     + ", ".join(sorted(helper.SUPPORTED_ROLLOUT_RS_OPTIONS))
@@ -99,7 +95,7 @@ class RolloutCorrection:
             try:
                 helper._parse_rollout_rs_thresholds(options, self.rollout_rs_threshold)
             except (TypeError, ValueError) as err:
-                raise CorrectionError(
+                raise ConfigError(
                     f"{prefix}.rollout_rs_threshold={self.rollout_rs_threshold!r}: {err}"
                 ) from None
 
@@ -124,6 +120,13 @@ class Correction:
     weights: torch.Tensor | None
     mask: torch.Tensor
     metrics: dict[str, float]
+
+
+def loss_inputs(
+    corr: Correction | None, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (loss mask, IS weights) a policy loss reads: the correction's, or the batch's mask and none."""
+    return (response_mask, None) if corr is None else (corr.mask, corr.weights)
 
 
 def correct(

@@ -33,10 +33,11 @@ import torch
 from tqdm.auto import tqdm
 
 from commrl import tracking
+from commrl.errors import ConfigError
 from commrl.rl import correction, grpo
 from commrl.rl.batch import RolloutBatch, build_batch, micro_batches
 from commrl.rl.checkpoint import CheckpointStore
-from commrl.rl.config import ConfigError, TrainConfig
+from commrl.rl.config import TrainConfig
 from commrl.rl.health import CollapseMonitor, NonFiniteLossError, check_finite
 from commrl.rl.logprobs import response_log_probs
 from commrl.rl.mismatch import mismatch_metrics
@@ -350,8 +351,7 @@ class LocalTrainer:
         controller sketches it), or ``through_codec`` with micro-batch ``j`` in ``compressed(j)`` as on a
         fast tick (the fire's ``codec_replay``, for ``anchor/grad_cosine_*``: same loss, same weights).
         ``corr``: a decoupled rollout correction of the replay's loss (from the dense old pass)."""
-        loss_mask = corr.mask if corr is not None else batch.response_mask
-        weights = corr.weights if corr is not None else None
+        loss_mask, weights = correction.loss_inputs(corr, batch.response_mask)
 
         def replay() -> None:
             self.model.train()
@@ -393,8 +393,7 @@ class LocalTrainer:
         ``old`` is the clipped objective's behaviour log-probs (the sampler's in bypass mode); ``corr``: a
         decoupled rollout correction (verl's IS weights and rejection mask)."""
         acc: dict[str, list[float]] = {}
-        loss_mask = corr.mask if corr is not None else batch.response_mask
-        weights = corr.weights if corr is not None else None
+        loss_mask, weights = correction.loss_inputs(corr, batch.response_mask)
         self.model.train()
         for start in range(0, batch.size, self.per_mini):
             stop = start + self.per_mini

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from commrl import tracking
+from commrl.errors import ConfigError
 
 RUN_ID_FILE = "mlflow_run_id"
 MAX_TAG_LENGTH = 5000
@@ -54,8 +55,8 @@ class RunSpec:
                 tags={str(k): str(v) for k, v in (values.get("tags") or {}).items()},
             )
         except (json.JSONDecodeError, AttributeError, TypeError) as err:
-            raise ValueError(
-                f"run spec {text!r} is not a JSON object with kind/parent_run_id/run_name/tags ({err})"
+            raise ConfigError(
+                f"--run-spec {text!r} is not a JSON object with kind/parent_run_id/run_name/tags ({err})"
             ) from None
 
     def placement_tags(self) -> dict[str, str]:

@@ -10,6 +10,6 @@ trains every point of a grid once, with a baseline condition at every prompts x 
 """
 
 from commrl.sweep.config import SweepConfig, load_sweep_config
-from commrl.sweep.space import SearchSpace, SweepConfigError
+from commrl.sweep.space import SearchSpace
 
-__all__ = ["SearchSpace", "SweepConfig", "SweepConfigError", "load_sweep_config"]
+__all__ = ["SearchSpace", "SweepConfig", "load_sweep_config"]

@@ -2,7 +2,7 @@
 
 The objective is fixed: the validation accuracy (``val/acc``) at ``read_at``, maximised; every validation
 before it is an intermediate value for the pruner (step = tick). Unknown keys and bad values raise
-``SweepConfigError`` naming the field, the value and the fix.
+``ConfigError`` naming the field, the value and the fix.
 
 Two kinds of study: a search (``space`` with bounds, ``defaults`` enqueued first, ``n_trials`` picked by
 the sampler, TPE or random) and a grid (``sampler: {name: grid}``, ``grid`` with a list of values per axis,
@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from commrl.sweep.space import RUN_AXES, GridSpace, SearchSpace, SweepConfigError, point_overrides
+from commrl.errors import ConfigError
+from commrl.sweep.space import RUN_AXES, GridSpace, SearchSpace, point_overrides
 
 DRIVERS = ("local", "verl")
 SAMPLERS = ("tpe", "random", "grid")
@@ -60,12 +61,12 @@ class StorageSpec:
     @classmethod
     def parse(cls, value: Any) -> StorageSpec:
         if not isinstance(value, str) or not value:
-            raise SweepConfigError(f"storage={value!r} must be a non-empty string")
+            raise ConfigError(f"storage={value!r} must be a non-empty string")
         if "://" in value:
             return cls("rdb", value)
         if value.endswith(".journal"):
             return cls("journal", value)
-        raise SweepConfigError(
+        raise ConfigError(
             f"storage={value!r} is neither an RDB URL nor a journal file; give "
             "sqlite:///results/optuna/<pair>.db "
             "(one machine), postgresql://USER@HOST/DB, or a path ending in .journal (several nodes)"
@@ -134,15 +135,15 @@ class SweepConfig:
     @classmethod
     def from_dict(cls, raw: Any) -> SweepConfig:
         if not isinstance(raw, Mapping):
-            raise SweepConfigError("a sweep config must be a mapping (see configs/sweep/tiny.yaml)")
+            raise ConfigError("a sweep config must be a mapping (see configs/sweep/tiny.yaml)")
         unknown = sorted(set(raw) - set(TOP_KEYS))
         if unknown:
-            raise SweepConfigError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_KEYS)}")
+            raise ConfigError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_KEYS)}")
         sampler = _sampler(raw.get("sampler", {}))
         grid = sampler.name == "grid"
         missing = [k for k in (*REQUIRED, *(("grid",) if grid else SEARCH_ONLY)) if k not in raw]
         if missing:
-            raise SweepConfigError(f"missing key(s) {', '.join(missing)}")
+            raise ConfigError(f"missing key(s) {', '.join(missing)}")
         misplaced = [k for k in (("space", "defaults") if grid else GRID_ONLY) if k in raw]
         if misplaced:
             why = (
@@ -150,19 +151,19 @@ class SweepConfig:
                 if grid
                 else "only a grid study has these; set sampler: {name: grid} or drop them"
             )
-            raise SweepConfigError(f"{', '.join(misplaced)}: {why}")
+            raise ConfigError(f"{', '.join(misplaced)}: {why}")
         for key in ("pair", "condition"):
             if not isinstance(raw[key], str) or not raw[key]:
-                raise SweepConfigError(f"{key}={raw[key]!r} must be a non-empty string")
+                raise ConfigError(f"{key}={raw[key]!r} must be a non-empty string")
         if raw["driver"] not in DRIVERS:
-            raise SweepConfigError(f"driver={raw['driver']!r} is not one of {', '.join(DRIVERS)}")
+            raise ConfigError(f"driver={raw['driver']!r} is not one of {', '.join(DRIVERS)}")
         ints = {k: _int(k, raw[k], 1) for k in ("n_workers", "ticks", "val_every", "read_at")}
         if ints["read_at"] > ints["ticks"]:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"read_at={ints['read_at']} is after the last tick (ticks={ints['ticks']}); lower it"
             )
         if ints["read_at"] % ints["val_every"] and ints["read_at"] != ints["ticks"]:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"read_at={ints['read_at']} is not a validation tick "
                 f"(a multiple of val_every={ints['val_every']}, "
                 f"or ticks={ints['ticks']}); the objective is read there"
@@ -170,7 +171,7 @@ class SweepConfig:
         space = GridSpace.from_dict(raw["grid"]) if grid else SearchSpace.from_dict(raw["space"])
         ints["n_trials"] = _grid_budget(raw, space) if grid else _int("n_trials", raw["n_trials"], 1)
         if grid and "seed" in raw and "seed" in space.names:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"seed={raw['seed']!r} and grid.seed both set the training seed; drop the top-level seed"
             )
         baseline = _baseline(raw.get("baseline"), raw["condition"]) if grid else None
@@ -180,19 +181,19 @@ class SweepConfig:
             or isinstance(overrides, str)
             or not all(isinstance(o, str) and "=" in o for o in overrides)
         ):
-            raise SweepConfigError(f"train_overrides={overrides!r} must be a list of key=value strings")
+            raise ConfigError(f"train_overrides={overrides!r} must be a list of key=value strings")
         swept = point_overrides(dict.fromkeys(space.names, 0), raw["driver"])  # the keys the sweep sets
         reserved = {*RESERVED_OVERRIDES, *(o.split("=", 1)[0] for o in swept)}
         keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
         clash = [o for o, k in zip(overrides, keys, strict=True) if reserved & {k, k.split(".")[0]}]
         if clash:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"train_overrides {', '.join(clash)}: the sweep sets these itself; "
                 "use the config keys instead"
             )
         pruner = _pruner(raw.get("pruner", {"name": "none" if grid else "median"}), ints["read_at"])
         if grid and pruner.name != "none":
-            raise SweepConfigError(
+            raise ConfigError(
                 f"pruner.name={pruner.name!r}: a grid study reads every point at read_at, and a pruned point "
                 "leaves its cell without that seed; use pruner: {name: none}"
             )
@@ -232,34 +233,34 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as err:
-        raise SweepConfigError(f"cannot read the sweep config {path}: {err.strerror}") from None
+        raise ConfigError(f"cannot read the sweep config {path}: {err.strerror}") from None
     except yaml.YAMLError as err:
-        raise SweepConfigError(f"{path} is not valid YAML: {err}") from None
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
     try:
         return SweepConfig.from_dict(raw)
-    except SweepConfigError as err:
-        raise SweepConfigError(f"{path}: {err}") from None
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
 
 
 def _int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise SweepConfigError(f"{name}={value!r} must be an integer >= {low}")
+        raise ConfigError(f"{name}={value!r} must be an integer >= {low}")
     return value
 
 
 def _options(name: str, raw: Any, allowed: Sequence[str]) -> Mapping[str, Any]:
     if not isinstance(raw, Mapping):
-        raise SweepConfigError(f"{name} must be a mapping")
+        raise ConfigError(f"{name} must be a mapping")
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
-        raise SweepConfigError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        raise ConfigError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
     return raw
 
 
 def _grid_budget(raw: Mapping[str, Any], grid: GridSpace) -> int:
     """A grid study runs every point once: ``n_trials`` is the grid's size (give it or leave it out)."""
     if "n_trials" in raw and _int("n_trials", raw["n_trials"], 1) != grid.size:
-        raise SweepConfigError(
+        raise ConfigError(
             f"n_trials={raw['n_trials']} is not the grid's size ({grid.size} points); "
             "drop n_trials (a grid study runs every point once)"
         )
@@ -270,9 +271,9 @@ def _baseline(value: Any, condition: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise SweepConfigError(f"baseline={value!r} must be a condition name, e.g. dense")
+        raise ConfigError(f"baseline={value!r} must be a condition name, e.g. dense")
     if value == condition:
-        raise SweepConfigError(
+        raise ConfigError(
             f"baseline={value!r} is the study's own condition; name another one (e.g. dense) or drop it"
         )
     return value
@@ -284,7 +285,7 @@ def _heartbeat(raw: Any) -> HeartbeatConfig:
         **{k: _int(f"heartbeat.{k}", v, 0 if k == "max_retry" else 1) for k, v in raw.items()}
     )
     if hb.grace <= hb.interval:
-        raise SweepConfigError(
+        raise ConfigError(
             f"heartbeat.grace={hb.grace} must exceed heartbeat.interval={hb.interval} (a live trial would be "
             "failed between two heartbeats); use grace >= 2 x interval"
         )
@@ -295,9 +296,9 @@ def _sampler(raw: Any) -> SamplerConfig:
     raw = dict(_options("sampler", raw, ("name", "seed", "n_startup_trials")))
     name = raw.pop("name", "tpe")
     if name not in SAMPLERS:
-        raise SweepConfigError(f"sampler.name={name!r} is not one of {', '.join(SAMPLERS)}")
+        raise ConfigError(f"sampler.name={name!r} is not one of {', '.join(SAMPLERS)}")
     if name == "grid" and raw:
-        raise SweepConfigError(
+        raise ConfigError(
             f"sampler: {', '.join(raw)}: the grid sampler takes no options (every point runs once, in order)"
         )
     return SamplerConfig(name, **{k: _int(f"sampler.{k}", v, 0) for k, v in raw.items()})
@@ -305,10 +306,10 @@ def _sampler(raw: Any) -> SamplerConfig:
 
 def _pruner(raw: Any, read_at: int) -> PrunerConfig:
     if not isinstance(raw, Mapping) or "name" not in raw:
-        raise SweepConfigError(f"pruner must be a mapping with a name ({', '.join(PRUNERS)})")
+        raise ConfigError(f"pruner must be a mapping with a name ({', '.join(PRUNERS)})")
     name = raw["name"]
     if name not in PRUNERS:
-        raise SweepConfigError(f"pruner.name={name!r} is not one of {', '.join(PRUNERS)}")
+        raise ConfigError(f"pruner.name={name!r} is not one of {', '.join(PRUNERS)}")
     allowed = PRUNERS[name]
     opts = dict(_options("pruner", {k: v for k, v in raw.items() if k != "name"}, tuple(allowed)))
     for key, value in opts.items():
@@ -317,24 +318,24 @@ def _pruner(raw: Any, read_at: int) -> PrunerConfig:
             value, bool
         )
         if not ok or value < low:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"pruner.{key}={value!r} must be {'an integer' if kind is int else 'a number'} >= {low}"
             )
     if name == "hyperband":
         opts.setdefault("min_resource", 1)
         opts.setdefault("reduction_factor", 3)
         if opts.setdefault("max_resource", read_at) > read_at:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"pruner.max_resource={opts['max_resource']} exceeds read_at={read_at}: "
                 "no trial reports past it"
             )
         if opts["min_resource"] >= opts["max_resource"]:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"pruner.min_resource={opts['min_resource']} must be below "
                 f"max_resource={opts['max_resource']}"
             )
     if name == "threshold" and "lower" not in opts:
-        raise SweepConfigError(
+        raise ConfigError(
             "pruner.lower is missing: the threshold pruner stops trials whose val/acc is below it"
         )
     return PrunerConfig(name, opts)

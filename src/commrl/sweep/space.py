@@ -15,10 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-
-class SweepConfigError(ValueError):
-    """A sweep setting is missing, unknown or out of range; the message names the field and the fix."""
-
+from commrl.errors import ConfigError
 
 # name -> (type, smallest allowed low, largest allowed high, whether high itself is allowed)
 KNOBS: dict[str, tuple[str, float, float, bool]] = {
@@ -57,21 +54,19 @@ class ParamSpec:
     def from_dict(cls, name: str, raw: Any) -> ParamSpec:
         field = f"space.{name}"
         if name not in KNOBS:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"{field}: unknown parameter {name!r}; the searchable knobs are {', '.join(KNOBS)}"
             )
         if not isinstance(raw, Mapping):
-            raise SweepConfigError(
-                f"{field} must be a mapping like {{type: int, low: 4, high: 32, log: true}}"
-            )
+            raise ConfigError(f"{field} must be a mapping like {{type: int, low: 4, high: 32, log: true}}")
         unknown = sorted(set(raw) - set(SPEC_KEYS))
         if unknown:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"{field}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SPEC_KEYS)}"
             )
         for key in ("type", "low", "high"):
             if key not in raw:
-                raise SweepConfigError(f"{field}.{key} is missing")
+                raise ConfigError(f"{field}.{key} is missing")
         spec = cls(name, raw["type"], raw["low"], raw["high"], raw.get("log", False), raw.get("step"))
         spec.validate()
         return spec
@@ -80,43 +75,41 @@ class ParamSpec:
         field = f"space.{self.name}"
         kind, lo_min, hi_max, hi_closed = KNOBS[self.name]
         if self.type != kind:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"{field}.type={self.type!r} is invalid: {self.name} is searched as type {kind}"
             )
         for key in ("low", "high"):
             value = getattr(self, key)
             if not _is_number(value) or (kind == "int" and not isinstance(value, int)):
-                raise SweepConfigError(
+                raise ConfigError(
                     f"{field}.{key}={value!r} must be a finite {'integer' if kind == 'int' else 'number'}"
                 )
         if self.low > self.high:
-            raise SweepConfigError(f"{field}: low={self.low} > high={self.high}; swap them")
+            raise ConfigError(f"{field}: low={self.low} > high={self.high}; swap them")
         if self.low < lo_min:
-            raise SweepConfigError(f"{field}.low={self.low} is out of range: {self.name} must be >= {lo_min}")
+            raise ConfigError(f"{field}.low={self.low} is out of range: {self.name} must be >= {lo_min}")
         if self.high > hi_max or (not hi_closed and self.high >= hi_max):
             bound = f"<= {hi_max}" if hi_closed else f"< {hi_max}"
             hint = " (beta = 1 never updates the dense memory)" if self.name == "beta" else ""
-            raise SweepConfigError(
-                f"{field}.high={self.high} is out of range: {self.name} must be {bound}{hint}"
-            )
+            raise ConfigError(f"{field}.high={self.high} is out of range: {self.name} must be {bound}{hint}")
         if not isinstance(self.log, bool):
-            raise SweepConfigError(f"{field}.log={self.log!r} must be true or false")
+            raise ConfigError(f"{field}.log={self.log!r} must be true or false")
         if self.log and self.low <= 0:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"{field}: log scale needs low > 0, got low={self.low}; raise low or set log: false"
             )
         if self.step is not None:
             if self.log:
-                raise SweepConfigError(f"{field}: step and log cannot be combined (Optuna); drop one of them")
+                raise ConfigError(f"{field}: step and log cannot be combined (Optuna); drop one of them")
             if (
                 not _is_number(self.step)
                 or self.step <= 0
                 or (kind == "int" and not isinstance(self.step, int))
             ):
-                raise SweepConfigError(f"{field}.step={self.step!r} must be a positive {kind}")
+                raise ConfigError(f"{field}.step={self.step!r} must be a positive {kind}")
             n = (self.high - self.low) / self.step
             if abs(n - round(n)) > 1e-9:
-                raise SweepConfigError(
+                raise ConfigError(
                     f"{field}.step={self.step} does not divide high - low = {self.high - self.low}; "
                     "adjust high so that it lies on the grid"
                 )
@@ -156,12 +149,10 @@ class SearchSpace:
     @classmethod
     def from_dict(cls, raw: Any) -> SearchSpace:
         if not isinstance(raw, Mapping) or not raw:
-            raise SweepConfigError(
-                f"space must be a non-empty mapping of knobs ({', '.join(KNOBS)}) to bounds"
-            )
+            raise ConfigError(f"space must be a non-empty mapping of knobs ({', '.join(KNOBS)}) to bounds")
         for name in raw:
             if name not in KNOBS:
-                raise SweepConfigError(
+                raise ConfigError(
                     f"space.{name}: unknown parameter {name!r}; the searchable knobs are {', '.join(KNOBS)}"
                 )
         return cls(tuple(ParamSpec.from_dict(name, raw[name]) for name in KNOBS if name in raw))
@@ -179,18 +170,18 @@ class SearchSpace:
     def check_point(self, point: Any, field: str) -> dict[str, Any]:
         """Validate a full point of the space (e.g. the enqueued defaults); returns it as a plain dict."""
         if not isinstance(point, Mapping):
-            raise SweepConfigError(f"{field} must be a mapping of {', '.join(self.names)} to values")
+            raise ConfigError(f"{field} must be a mapping of {', '.join(self.names)} to values")
         missing = [n for n in self.names if n not in point]
         extra = sorted(set(point) - set(self.names))
         if missing or extra:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"{field} must set exactly the searched knobs {', '.join(self.names)}"
                 + (f"; missing {', '.join(missing)}" if missing else "")
                 + (f"; not searched: {', '.join(extra)}" if extra else "")
             )
         for p in self.params:
             if not p.contains(point[p.name]):
-                raise SweepConfigError(
+                raise ConfigError(
                     f"{field}.{p.name}={point[p.name]!r} lies outside space.{p.name} "
                     f"({p.type} in [{p.low}, {p.high}]{f' step {p.step}' if p.step else ''}); move it inside"
                 )
@@ -222,13 +213,13 @@ class GridSpace:
     @classmethod
     def from_dict(cls, raw: Any, field: str = "grid") -> GridSpace:
         if not isinstance(raw, Mapping) or not raw:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"{field} must be a non-empty mapping of axes ({', '.join(GRID_AXES)}) to lists of values, "
                 "e.g. {alpha: [0.25, 1.0], cadence: [2, 5]}"
             )
         unknown = sorted(set(raw) - set(AXIS_RANGES))
         if unknown:
-            raise SweepConfigError(
+            raise ConfigError(
                 f"{field}: unknown axis {', '.join(map(repr, unknown))}; "
                 f"the grid axes are {', '.join(GRID_AXES)}"
             )
@@ -292,23 +283,23 @@ def _grid_values(field: str, name: str, raw: Any) -> tuple[int | float, ...]:
     """One axis of a grid: a non-empty list of distinct in-range values, returned ascending."""
     kind, low, high, high_closed = AXIS_RANGES[name]
     if isinstance(raw, str | bytes | Mapping) or not isinstance(raw, Iterable):
-        raise SweepConfigError(f"{field}={raw!r} must be a list of values, e.g. [{low:g}, ...]")
+        raise ConfigError(f"{field}={raw!r} must be a list of values, e.g. [{low:g}, ...]")
     values = list(raw)
     if not values:
-        raise SweepConfigError(f"{field} is an empty list; give at least one value or drop the axis")
+        raise ConfigError(f"{field} is an empty list; give at least one value or drop the axis")
     for i, value in enumerate(values):
         if not _is_number(value) or (kind == "int" and not isinstance(value, int)):
-            raise SweepConfigError(
+            raise ConfigError(
                 f"{field}[{i}]={value!r} must be a finite {'integer' if kind == 'int' else 'number'}"
             )
         if value < low or value > high or (not high_closed and value >= high):
             bound = f"<= {high:g}" if high_closed else f"< {high:g}"
             allowed = f">= {low:g}" + ("" if math.isinf(high) else f" and {bound}")
-            raise SweepConfigError(f"{field}[{i}]={value!r} is out of range: {name} must be {allowed}")
+            raise ConfigError(f"{field}[{i}]={value!r} is out of range: {name} must be {allowed}")
     converted = [float(v) if kind == "float" else v for v in values]
     if len(set(converted)) != len(converted):
         repeated = sorted({v for v in converted if converted.count(v) > 1})
-        raise SweepConfigError(f"{field} repeats {', '.join(map(str, repeated))}; list each value once")
+        raise ConfigError(f"{field} repeats {', '.join(map(str, repeated))}; list each value once")
     return tuple(sorted(converted))
 
 

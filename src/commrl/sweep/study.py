@@ -13,9 +13,10 @@ from __future__ import annotations
 import optuna
 
 from commrl import tracking
+from commrl.errors import ConfigError
 from commrl.sweep.config import PrunerConfig, SamplerConfig, SweepConfig
 from commrl.sweep.grid import enqueue_missing
-from commrl.sweep.space import GridSpace, SweepConfigError
+from commrl.sweep.space import GridSpace
 from commrl.sweep.storage import open_storage, storage_exists, study_names
 from commrl.sweep.trial_config import trials_dir
 
@@ -26,7 +27,8 @@ DIRECTION = "maximize"  # the objective is validation accuracy
 
 
 class SweepError(RuntimeError):
-    """The study cannot be used as asked (missing, or created with other settings); the message says why."""
+    """The study cannot be used as asked (missing, not set up); the message says why. A study created with
+    other settings is a ``ConfigError`` (``check_identity``)."""
 
 
 def make_sampler(cfg: SamplerConfig, worker: int) -> optuna.samplers.BaseSampler:
@@ -130,7 +132,7 @@ def check_identity(study: optuna.Study, cfg: SweepConfig) -> None:
         detail = "; ".join(
             f"{k}: study has {stored.get(k)!r}, config has {current.get(k)!r}" for k in changed
         )
-        raise SweepConfigError(
+        raise ConfigError(
             f"study {study.study_name!r} was created with other settings ({detail}); restore them, "
             "or start a "
             "new study with another --study name (n_trials and n_workers may change freely, a grid may gain "

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from commrl import tracking
+from commrl.errors import ConfigError
 from commrl.run.record import RunSpec
 from commrl.sweep.config import SweepConfig
-from commrl.sweep.space import SweepConfigError, point_overrides
+from commrl.sweep.space import point_overrides
 
 
 def trials_dir(cfg: SweepConfig, study: str) -> Path:
@@ -92,14 +93,14 @@ def check_local_trials(cfg: SweepConfig) -> None:
 
     When the base model exists, ``rank`` is also checked against its hidden size.
     """
-    from commrl.rl.config import ConfigError, load_train_config
+    from commrl.rl.config import load_train_config
 
     for label, point in _check_points(cfg).items():
         try:
             train_cfg = load_train_config(local_overrides(cfg, point, "unused"))
             train_cfg.method_config(hidden_size=model_hidden_size(train_cfg.model.path))
         except ConfigError as err:
-            raise SweepConfigError(f"{label} {dict(point)} is not a valid training run: {err}") from None
+            raise ConfigError(f"{label} {dict(point)} is not a valid training run: {err}") from None
 
 
 def check_verl_trials(cfg: SweepConfig) -> None:
@@ -111,7 +112,7 @@ def check_verl_trials(cfg: SweepConfig) -> None:
             )
             if done.returncode != 0:
                 tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-                raise SweepConfigError(f"{label} {dict(point)} is not a valid verl-train run:\n{tail}")
+                raise ConfigError(f"{label} {dict(point)} is not a valid verl-train run:\n{tail}")
 
 
 def _check_points(cfg: SweepConfig) -> dict[str, dict[str, Any]]:

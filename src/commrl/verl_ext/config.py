@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from commrl import config_tree, tracking
-from commrl.compression.config import ConfigError, MethodConfig
-from commrl.rl.correction import BEHAVIOUR_LOGPROBS, CorrectionError, RolloutCorrection
+from commrl.compression.config import MethodConfig
+from commrl.errors import ConfigError
+from commrl.rl.correction import BEHAVIOUR_LOGPROBS, RolloutCorrection
 
 METHOD_ENV = "COMMRL_METHOD"
 EXTERNAL_LIB = "commrl.verl_ext"
@@ -107,10 +108,7 @@ class VerlRun:
 
 def default_config_dir() -> Path:
     """``$COMMRL_VERL_CONFIGS``, else ``configs/verl`` under the working directory or the repository."""
-    try:
-        return config_tree.tree_dir("verl")
-    except config_tree.ConfigTreeError as err:
-        raise ConfigError(str(err)) from None
+    return config_tree.tree_dir("verl")
 
 
 def override_key(override: str) -> str:
@@ -150,10 +148,7 @@ def compose_run(
             f"--pair {pair!r} has no config {directory / 'pair' / (pair + '.yaml')}; "
             f"choose one of {', '.join(pairs)}"
         )
-    try:
-        config_tree.check_condition_name(condition, directory, "verl")
-    except config_tree.ConfigTreeError as err:
-        raise ConfigError(str(err)) from None
+    config_tree.check_condition_name(condition, directory, "verl")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed {seed!r} is invalid: must be an integer >= 0")
     try:
@@ -176,10 +171,7 @@ def run_from_dict(values: Mapping[str, Any], explicit_ticks: bool = False) -> Ve
     if "condition" not in values:
         raise ConfigError("configs/verl lacks the key 'condition' (each file of configs/condition/ sets it)")
     condition = str(values["condition"])
-    try:
-        config_tree.check_driver(condition, values.get("unsupported_drivers") or {}, "verl")
-    except config_tree.ConfigTreeError as err:
-        raise ConfigError(str(err)) from None
+    config_tree.check_driver(condition, values.get("unsupported_drivers") or {}, "verl")
     unknown = sorted(set(values) - set(COMMRL_KEYS))
     if unknown:
         raise ConfigError(
@@ -249,10 +241,7 @@ def rl_settings(rl: Mapping[str, Any]) -> dict[str, Any]:
             + " (bypass_mode is rl.behaviour_logprobs=sampler)"
         )
     correction = RolloutCorrection(**raw)
-    try:
-        correction.validate()
-    except CorrectionError as err:
-        raise ConfigError(str(err)) from None
+    correction.validate()
     return {"behaviour_logprobs": behaviour, "rollout_correction": correction}
 
 

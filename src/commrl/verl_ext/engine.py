@@ -58,9 +58,10 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import build_attention_mask_from_nested, no_padding_2_padding
 
-from commrl.compression import CompressionPoints, ConfigError, MethodConfig, TwoCircuitController
+from commrl.compression import CompressionPoints, MethodConfig, TwoCircuitController
 from commrl.compression.ledger import ByteLedger
 from commrl.compression.powersgd import local_tensor
+from commrl.errors import ConfigError
 from commrl.verl_ext.config import method_from_env
 
 ACTIVATION_CHANNELS = ("activations_forward", "activations_backward")

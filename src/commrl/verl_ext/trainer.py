@@ -53,7 +53,8 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.metric import reduce_metrics
 
-from commrl.compression.config import ConfigError, MethodConfig
+from commrl.compression.config import MethodConfig
+from commrl.errors import ConfigError
 from commrl.rl.config import HealthConfig
 from commrl.rl.health import CollapseMonitor
 from commrl.rl.mismatch import mismatch_metrics

@@ -1,0 +1,242 @@
+"""Bad configuration never reaches a job: a table of broken configs, each a shipped config with one change,
+each rejected by a real `snakemake -n` before any job is planned, with the file and the field named and
+without a Python traceback (workflow/rules/common.smk, check_config)."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake_run import PAPER, REPO, Result, Workflow
+
+from commrl.cli.prepare import DATASETS
+
+TINY = "configs/pipeline/tiny.yaml"
+
+
+@dataclass(frozen=True)
+class Case:
+    """`change` applied to a copy of `base`, written as configs/pipeline/<id>.yaml; the error names `where`
+    (default: that file) and contains `message`. `files`: more files of the copy, path -> (source, edit)."""
+
+    id: str
+    change: Callable[[dict], object]
+    message: str
+    base: str = TINY
+    where: str | None = None
+    files: dict[str, tuple[str, Callable[[str], str]]] = field(default_factory=dict)
+
+
+def _set(path: str, value) -> Callable[[dict], None]:
+    """The change that sets the dotted `path` of a config to `value`."""
+
+    def change(config: dict) -> None:
+        *parents, last = path.split(".")
+        node = config
+        for key in parents:
+            node = node[key]
+        node[last] = value
+
+    return change
+
+
+def _rename_benchmark(config: dict) -> None:
+    benchmarks = config["pairs"]["tiny"]["eval"]["benchmarks"]
+    benchmarks["toy_greedyy"] = benchmarks.pop("toy_greedy")
+
+
+def _without_prf_mask(config: dict) -> None:
+    config["pairs"]["A"]["conditions"].remove("prf_mask")  # pairs.A.ticks still asks 150 ticks of it
+
+
+def _sweep_copy(old: str, new: str) -> tuple[str, Callable[[str], str]]:
+    """configs/sweep/tiny.yaml with `old` replaced by `new`."""
+    return "configs/sweep/tiny.yaml", lambda text: text.replace(old, new)
+
+
+CASES = [
+    # the schema (workflow/schemas/config.schema.yaml): missing, unknown and out-of-range keys
+    Case(
+        "train_resources_without_threads",
+        _set("resources.train", {"mem_mb": 6000}),
+        "resources.train: missing threads, runtime (required here: threads, mem_mb, runtime)",
+    ),
+    Case("negative_runtime", _set("resources.eval.runtime", -5), "resources.eval.runtime: -5 is less than"),
+    Case(
+        "unknown_top_level_key", _set("resource", {}), "resource: unknown key; allowed here: datasets, pairs"
+    ),
+    Case("empty_seeds", _set("pairs.tiny.seeds", []), "pairs.tiny.seeds: [] should be non-empty"),
+    Case(
+        "duplicate_seeds", _set("pairs.tiny.seeds", [0, 1, 0]), "pairs.tiny.seeds: [0, 1, 0] has non-unique"
+    ),
+    Case(
+        "toy_with_a_source",
+        _set("datasets.toy", {"seed": 0, "source": "x"}),
+        "datasets.toy.source: unknown key; allowed here: seed",
+    ),
+    Case("unknown_driver", _set("pairs.tiny.driver", "slurm"), "pairs.tiny.driver: 'slurm' is not one of"),
+    Case(
+        "memory_not_a_number",
+        _set("resources.train.mem_mb", "lots"),
+        "resources.train.mem_mb: 'lots' is not of type 'integer'",
+    ),
+    Case(
+        "ticks_key_pattern",
+        _set("pairs.tiny.ticks", {"sweep!": 5}),
+        "pairs.tiny.ticks.sweep!: 'sweep!' does not",
+    ),
+    Case(
+        "verl_pair_with_pretrain",
+        _set("pairs.B.pretrain", {"seed": 0}),
+        "pairs.B.pretrain: not allowed here (a verl pair starts from the hub model",
+        base=PAPER,
+    ),
+    Case(
+        "dataset_without_source",
+        _set("datasets.math", {"exclude": "math500"}),
+        "datasets.math: missing source (required here: source)",
+        base=PAPER,
+    ),
+    # cross-references (check_config): conditions, data sets, benchmarks, sweep files
+    Case(
+        "unknown_condition",
+        _set("pairs.tiny.conditions", ["dense", "mehtod"]),
+        "pairs.tiny.conditions: 'mehtod' has no configs/condition/mehtod.yaml; the local driver runs: anchor",
+    ),
+    Case(
+        "condition_the_driver_cannot_run",
+        lambda c: c["pairs"]["A"]["conditions"].append("method_same_sampler"),
+        "pairs.A.conditions: 'method_same_sampler' does not run on the verl driver: its sampler",
+        base=PAPER,
+    ),
+    Case(
+        "ticks_of_a_condition_not_run",
+        _without_prf_mask,
+        "pairs.A.ticks.prf_mask: 'prf_mask' is not in pairs.A.conditions",
+        base=PAPER,
+    ),
+    Case(
+        "evaluating_a_condition_not_run",
+        _set("pairs.tiny.conditions", ["dense"]),
+        "pairs.tiny.eval.conditions: 'method' is not in pairs.tiny.conditions",
+    ),
+    Case(
+        "train_data_not_in_datasets",
+        _set("pairs.tiny.train_data", "math"),
+        "pairs.tiny.train_data: 'math' is not in `datasets` (toy); add datasets.math",
+    ),
+    Case(
+        "val_data_without_a_test_split",
+        _set("pairs.B.val_data", "math"),
+        "pairs.B.val_data: 'math' has no test.parquet (`commrl prepare --dataset math` writes train.parquet)",
+        base=PAPER,
+    ),
+    Case(
+        "misspelled_benchmark",
+        _rename_benchmark,
+        "pairs.tiny.eval.benchmarks.toy_greedyy: 'toy_greedyy' is not in the eval registry",
+    ),
+    Case(
+        "benchmark_without_data",
+        _set("pairs.tiny.eval.benchmarks.toy_mc", {}),
+        "pairs.tiny.eval.benchmarks.toy_mc: no `data`, and the registry has no source for toy_mc",
+    ),
+    Case(
+        "benchmark_data_not_made",
+        _set("pairs.tiny.eval.benchmarks.toy_mc", {"data": "results/data/toy/tset.jsonl"}),
+        "pairs.tiny.eval.benchmarks.toy_mc.data: 'results/data/toy/tset.jsonl' is not a file of the data",
+    ),
+    Case(
+        "missing_sweep_file",
+        _set("pairs.tiny.sweep.config", "configs/sweep/missing.yaml"),
+        "pairs.tiny.sweep.config: cannot read 'configs/sweep/missing.yaml'",
+    ),
+    Case(
+        "sweep_file_of_another_pair",
+        _set("pairs.tiny.sweep.config", "configs/sweep/paper_A.yaml"),
+        "pairs.tiny.sweep.config: configs/sweep/paper_A.yaml sweeps pair 'A' (its `pair`), not 'tiny'",
+    ),
+    Case(
+        "sweep_file_of_another_driver",
+        _set("pairs.tiny.sweep.config", "configs/sweep/tiny-verl.yaml"),
+        "driver: 'verl' is not the driver of pair 'tiny', 'local'",
+        where="configs/sweep/tiny-verl.yaml",
+        files={"configs/sweep/tiny-verl.yaml": _sweep_copy("driver: local", "driver: verl")},
+    ),
+    Case(
+        "sweep_worker_count",
+        lambda c: None,
+        "n_workers: 'two' is not of type 'integer'",
+        where="configs/sweep/tiny.yaml",
+        files={"configs/sweep/tiny.yaml": _sweep_copy("n_workers: 2", "n_workers: two")},
+    ),
+    Case(
+        "sweep_knob_out_of_range",
+        lambda c: None,
+        "space.alpha.high=2.0 is out of range",
+        where="configs/sweep/tiny.yaml",
+        files={"configs/sweep/tiny.yaml": _sweep_copy("low: 0.0, high: 1.0}", "low: 0.0, high: 2.0}")},
+    ),
+    Case(
+        "sweep_condition",
+        lambda c: None,
+        "condition: 'method_same_sampler_x' has no configs/condition/method_same_sampler_x.yaml",
+        where="configs/sweep/tiny.yaml",
+        files={
+            "configs/sweep/tiny.yaml": _sweep_copy("condition: method", "condition: method_same_sampler_x")
+        },
+    ),
+]
+
+
+def _dry_run(case: Case, root: Path) -> tuple[Result, str, Path]:
+    """`snakemake -n` on the case's config in a copy of the workflow of its own: the result, the config
+    file and the copy."""
+    workflow = Workflow(root)
+    for path, (source, edit) in case.files.items():
+        (root / path).write_text(edit((root / source).read_text()))
+    config = copy.deepcopy(workflow.config(case.base))
+    case.change(config)
+    configfile = workflow.write_config(config, f"{case.id}.yaml")
+    return workflow.snakemake("-n", "--configfile", configfile), configfile, root
+
+
+@pytest.fixture(scope="module")
+def dry_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The dry-run of every selected case, two at a time: each is a whole `snakemake` process (seconds)."""
+    selected = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if item.module is request.module and "case" in getattr(getattr(item, "callspec", None), "params", {})
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        runs = pool.map(lambda case: _dry_run(case, tmp_path_factory.mktemp(case.id)), selected)
+        return {case.id: run for case, run in zip(selected, runs, strict=True)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_a_broken_config_fails_before_any_job_naming_the_file_and_field(dry_runs: dict, case: Case) -> None:
+    result, configfile, root = dry_runs[case.id]
+    assert result.returncode != 0, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    error = re.search(r"^WorkflowError in file .*:\n(.*)$", result.output, re.M)
+    assert error, result.output[-3000:]
+    assert error.group(1).startswith(f"{case.where or configfile}: "), error.group(1)
+    assert case.message in error.group(1)
+    assert "Job stats" not in result.output  # no job was planned
+    assert not (root / "results").exists()
+
+
+def test_the_schemas_data_sets_are_the_data_stages() -> None:
+    """The dataset names the schema allows are `commrl prepare`'s and the data rules' (common.smk)."""
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    files = ast.literal_eval(re.search(r"^DATASET_FILES = (\{.*?^\})", common, re.M | re.S).group(1))
+    assert set(schema["$defs"]["dataset_name"]["enum"]) == set(DATASETS) == set(files)
