@@ -22,6 +22,13 @@ rc=$?
 if [[ $rc -eq 75 && -n ${SLURM_JOB_ID:-} ]]; then
   if scontrol requeue "$SLURM_JOB_ID"; then
     echo "preemptible: exit 75 (preempted, checkpoint written): Slurm job $SLURM_JOB_ID requeued" >&2
+    # The requeue ends this run of the job (SIGTERM to every process, then SIGKILL). Wait for it here: a
+    # job step that exited first could end the job FAILED before slurmctld requeues it, and a status check
+    # at that moment makes Snakemake retry the job while its requeued copy runs too.
+    sleep 120 &
+    if wait $!; then  # not interrupted by the requeue's SIGTERM
+      echo "preemptible: the requeue did not end the job in 120 s; Snakemake's retry resubmits" >&2
+    fi
   else
     echo "preemptible: exit 75 (preempted, checkpoint written): requeue refused; Snakemake's retry resubmits" >&2
   fi
