@@ -61,6 +61,13 @@ def _sweep_copy(old: str, new: str) -> tuple[str, Callable[[str], str]]:
     return "configs/sweep/tiny.yaml", lambda text: text.replace(old, new)
 
 
+def _broken_sweep_file(case_id: str, old: str, new: str, message: str) -> Case:
+    """The tiny pair's own sweep file (configs/sweep/tiny.yaml) with `old` replaced by `new`, the pipeline
+    config unchanged: the error names the sweep file."""
+    sweep = "configs/sweep/tiny.yaml"
+    return Case(case_id, lambda config: None, message, where=sweep, files={sweep: _sweep_copy(old, new)})
+
+
 CASES = [
     # the schema (workflow/schemas/config.schema.yaml): missing, unknown and out-of-range keys
     Case(
@@ -170,28 +177,20 @@ CASES = [
         where="configs/sweep/tiny-verl.yaml",
         files={"configs/sweep/tiny-verl.yaml": _sweep_copy("driver: local", "driver: verl")},
     ),
-    Case(
-        "sweep_worker_count",
-        lambda c: None,
-        "n_workers: 'two' is not of type 'integer'",
-        where="configs/sweep/tiny.yaml",
-        files={"configs/sweep/tiny.yaml": _sweep_copy("n_workers: 2", "n_workers: two")},
+    _broken_sweep_file(
+        "sweep_worker_count", "n_workers: 2", "n_workers: two", "n_workers: 'two' is not of type 'integer'"
     ),
-    Case(
+    _broken_sweep_file(
         "sweep_knob_out_of_range",
-        lambda c: None,
+        "low: 0.0, high: 1.0}",
+        "low: 0.0, high: 2.0}",
         "space.alpha.high=2.0 is out of range",
-        where="configs/sweep/tiny.yaml",
-        files={"configs/sweep/tiny.yaml": _sweep_copy("low: 0.0, high: 1.0}", "low: 0.0, high: 2.0}")},
     ),
-    Case(
+    _broken_sweep_file(
         "sweep_condition",
-        lambda c: None,
+        "condition: method",
+        "condition: method_same_sampler_x",
         "condition: 'method_same_sampler_x' has no configs/condition/method_same_sampler_x.yaml",
-        where="configs/sweep/tiny.yaml",
-        files={
-            "configs/sweep/tiny.yaml": _sweep_copy("condition: method", "condition: method_same_sampler_x")
-        },
     ),
 ]
 
@@ -216,8 +215,9 @@ def dry_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         for item in request.session.items
         if item.module is request.module and "case" in getattr(getattr(item, "callspec", None), "params", {})
     ]
+    roots = [tmp_path_factory.mktemp(case.id) for case in selected]  # here: mktemp is not thread-safe
     with ThreadPoolExecutor(2) as pool:
-        runs = pool.map(lambda case: _dry_run(case, tmp_path_factory.mktemp(case.id)), selected)
+        runs = pool.map(_dry_run, selected, roots)
         return {case.id: run for case, run in zip(selected, runs, strict=True)}
 
 
