@@ -2,7 +2,7 @@
 #
 #   snakemake --cores 2                                   the tiny pair end to end (configs/pipeline/tiny.yaml)
 #   snakemake --configfile configs/pipeline/paper.yaml --profile slurm       pairs A and B on a Slurm cluster
-#   snakemake results/eval/tiny/method/seed0/toy_greedy.json --cores 2      one benchmark on one run
+#   snakemake results/eval/tiny/method/seed0/toy_greedy.json --cores 2      one run's evaluation job
 #   snakemake results/studies/tiny-regime/summary --cores 2                 a grid study (not default)
 #   snakemake --report results/report.html                                    the figures, bundled
 # Targets go before --configfile (it takes several values). A --configfile replaces the default config

@@ -30,8 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 START_UP = "start_up"  # interpreter start and imports: the job's wall time the trainer did not measure
 
 
-def run_job(overrides: list[str], condition: str, out: Path) -> dict[str, float]:
-    """One `commrl train` process; its phase seconds plus ``start_up`` and ``wall``."""
+def start_job(
+    overrides: list[str], condition: str, out: Path, *, threads: int = 1, seed: int = 0
+) -> tuple[subprocess.Popen, float]:
+    """Start one `commrl train` process (as a Snakemake job runs it); the process and its start time."""
     cmd = [
         sys.executable,
         "-m",
@@ -39,20 +41,33 @@ def run_job(overrides: list[str], condition: str, out: Path) -> dict[str, float]
         "train",
         "pair=tiny",
         f"condition={condition}",
-        "seed=0",
+        f"seed={seed}",
         f"out_dir={out}",
-        "threads=1",
+        f"threads={threads}",
         f"tracking.uri=sqlite:///{out.parent / 'mlflow.db'}",
         *overrides,
     ]
-    env = {**os.environ, "COMMRL_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    env = {**os.environ, "COMMRL_NO_PROGRESS": "1", "OMP_NUM_THREADS": str(threads)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = (out.parent / "log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    return proc, time.perf_counter()
+
+
+def finish_job(proc: subprocess.Popen, started: float, out: Path) -> dict[str, float]:
+    """Wait for a job of ``start_job``; its phase seconds plus ``start_up`` and ``wall``."""
+    proc.wait()
+    wall = time.perf_counter() - started
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        tail = (out.parent / "log").read_text()[-3000:]
+        raise SystemExit(f"{' '.join(proc.args)} failed:\n{tail}")
     phases = json.loads((out / "summary.json").read_text())["time_s"]
     return {START_UP: wall - sum(phases.values()), **phases, "wall": wall}
+
+
+def run_job(overrides: list[str], condition: str, out: Path) -> dict[str, float]:
+    """One `commrl train` process, one thread; its phase seconds plus ``start_up`` and ``wall``."""
+    return finish_job(*start_job(overrides, condition, out), out)
 
 
 def medians(runs: list[dict[str, float]]) -> dict[str, float]:

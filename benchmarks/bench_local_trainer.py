@@ -5,12 +5,15 @@ Two benchmarks (``--bench trl|method``):
 ``trl``: commrl's GRPO tick against TRL's ``GRPOTrainer`` on the identical tiny world: the tiny Qwen2 policy
 (results/models/tiny-base), the toy train parquet (chat prompt -> ``boxed_reward`` of the completion against
 the ground truth), 16 prompts x 8 generations per tick, at most 24 completion tokens, lr 1e-4 (AdamW,
-constant), temperature 1.0, KL coefficient 0.001, clip 0.2, grad-norm 1.0, float32. The mapping onto TRL:
-``per_device_train_batch_size=64, gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=1``,
-so one generation batch = 128 completions = one commrl tick, split into 2 mini-batches of 64 with one
-optimizer step each (commrl: ``rl.mini_batches=2``, ``rl.micro_batch_size=64``); because the 2 optimizer steps
-share one generation, TRL computes the old log-probs in a forward pass (commrl: for the second mini-batch
-only; the first one's training forward is its own old pass). ``loss_type="dapo"``
+constant), temperature 1.0, KL coefficient 0.001, clip 0.2, grad-norm 1.0, float32, and the pair's
+optimizer steps per tick (``rl.mini_batches``, 1 for the tiny pair) over micro-batches of
+``rl.micro_batch_size`` (64). The mapping onto TRL (``trl_steps``): ``per_device_train_batch_size`` = the
+micro-batch, ``gradient_accumulation_steps`` = micro-batches per optimizer step,
+``steps_per_generation`` = micro-batches per tick, ``num_iterations=1``: one generation batch = 128
+completions = one commrl tick, ``rl.mini_batches`` optimizer steps. With one step per tick the policy is
+the sampling one throughout, so neither computes old log-probs in a pass of its own (TRL: none on
+policy; commrl: the training forward is the old pass); with two, both compute them for the second
+mini-batch (TRL for the whole batch). ``loss_type="dapo"``
 (token mean over the mini-batch, verl's ``token-mean``), ``scale_rewards="group"`` (commrl
 ``rl.norm_adv_by_std``), ``gradient_checkpointing=False`` (TRL's default is on; commrl does not recompute);
 TRL's KL term is k3 where commrl's ``low_var_kl`` is k3 clamped (the same cost). TRL's sampling time is timed
@@ -59,7 +62,18 @@ from lockstep import Arm, TickClock, WorkerFailed, ratio, redirect_output, run_l
 REPO = Path(__file__).resolve().parents[1]
 TRL_VERSION = "1.16.0"
 TRL_INSTALL = f".venv/bin/pip install --target /tmp/trl-site --no-deps trl=={TRL_VERSION}"
-STEPS_PER_TICK = 2  # TRL optimizer steps per generation batch: the tick's two GRPO mini-batches
+
+
+def trl_steps(samples_per_tick: int, mini_batches: int, micro_batch: int) -> dict[str, int]:
+    """TRL's batch arguments for a commrl tick of ``samples_per_tick`` completions in ``mini_batches``
+    optimizer steps over micro-batches of ``micro_batch``."""
+    per_step = samples_per_tick // mini_batches
+    accumulate = max(1, per_step // micro_batch)
+    return {
+        "per_device_train_batch_size": per_step // accumulate,
+        "gradient_accumulation_steps": accumulate,
+        "steps_per_generation": mini_batches * accumulate,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- workers
@@ -111,7 +125,7 @@ def commrl_worker(
 
 def trl_worker(arm: Arm, ticks: int, threads: int, out_dir: Path, clock: TickClock, started: float) -> None:
     """TRL's ``GRPOTrainer`` on the pair's hyper-parameters (module docstring: the mapping); a tick is one
-    generation batch, i.e. ``STEPS_PER_TICK`` optimizer steps."""
+    generation batch, i.e. ``rl.mini_batches`` optimizer steps."""
     import pandas as pd
     import torch
     import trl
@@ -140,16 +154,14 @@ def trl_worker(arm: Arm, ticks: int, threads: int, out_dir: Path, clock: TickClo
         tick_stats["score"] = statistics.fmean(scores)
         return scores
 
-    per_step = rl.prompts_per_tick * rl.group_size // STEPS_PER_TICK
+    steps = rl.mini_batches
     args = GRPOConfig(
         output_dir=str(out_dir),
         seed=cfg.seed,
         use_cpu=True,
         bf16=False,
         gradient_checkpointing=False,
-        per_device_train_batch_size=per_step,
-        gradient_accumulation_steps=1,
-        steps_per_generation=STEPS_PER_TICK,
+        **trl_steps(rl.prompts_per_tick * rl.group_size, rl.mini_batches, rl.micro_batch_size),
         num_iterations=1,
         num_generations=rl.group_size,
         max_completion_length=sampler.max_new_tokens,
@@ -168,7 +180,7 @@ def trl_worker(arm: Arm, ticks: int, threads: int, out_dir: Path, clock: TickClo
         adam_beta2=rl.betas[1],
         max_grad_norm=rl.grad_clip,
         optim="adamw_torch",
-        max_steps=STEPS_PER_TICK * (ticks + 1),
+        max_steps=steps * (ticks + 1),
         logging_strategy="no",
         save_strategy="no",
         report_to="none",
@@ -187,7 +199,7 @@ def trl_worker(arm: Arm, ticks: int, threads: int, out_dir: Path, clock: TickClo
             clock.wait()
 
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step % STEPS_PER_TICK:
+            if state.global_step % steps:
                 return
             lap = clock.lap()
             timings = {**lap, **tick_stats, "train_s": lap["wall_s"] - tick_stats["sample_s"]}

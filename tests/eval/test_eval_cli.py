@@ -85,3 +85,53 @@ def test_unknown_training_run_and_builtin_without_cache(
     assert "mmlu_stem: cannot load hub dataset 'cais/mmlu', config 'abstract_algebra'" in err
     err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem --data {toy_jsonl}")
     assert "mmlu_stem is lm-eval's built-in task" in err
+
+
+def test_several_benchmarks_with_one_model_equal_one_job_each(
+    tmp_path, tiny_model_dir, toy_jsonl, mlflow_uri, capsys
+):
+    """``--benchmark`` repeated builds the model once; each benchmark's summary, results and samples are
+    those of its own ``commrl eval`` (lm-eval reseeds before each; toy_avg8 samples at T = 0.7)."""
+    names = ("toy_greedy", "toy_avg8", "toy_mc")
+    common = f"--checkpoint {tiny_model_dir} --limit 3 --max-gen-toks 6 --tracking-uri {mlflow_uri}"
+    for name in names:
+        out = tmp_path / "alone" / f"{name}.json"
+        assert main(f"eval {common} --benchmark {name} --data {toy_jsonl} --out {out}".split()) == 0
+    grouped = " ".join(f"--benchmark {name} --data {name}={toy_jsonl}" for name in names)
+    assert main(f"eval {common} {grouped} --out-dir {tmp_path / 'together'}".split()) == 0
+    printed = capsys.readouterr().out
+    for name in names:
+        alone, together = (
+            json.loads((tmp_path / d / f"{name}.json").read_text()) for d in ("alone", "together")
+        )
+        assert together["metrics"] == alone["metrics"] and together["backend"] == alone["backend"] == "hf"
+        assert together["mlflow_run_id"] != alone["mlflow_run_id"]  # an MLflow run each
+        rows = [
+            [
+                json.loads(line)["resps"]
+                for line in (tmp_path / d / f"{name}.samples.jsonl").read_text().splitlines()
+            ]
+            for d in ("alone", "together")
+        ]
+        assert rows[0] == rows[1]
+        results = json.loads((tmp_path / "together" / f"{name}.results.json").read_text())
+        assert results["config"]["model"] == "hf" and results["model_source"] == "hf"
+        assert results["config"]["model_args"]["pretrained"] == str(tiny_model_dir)
+        assert f"{name} on" in printed
+
+
+def test_several_benchmarks_check_their_options_before_the_model_loads(
+    tmp_path, tiny_model_dir, toy_jsonl, capsys
+):
+    base = f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --benchmark toy_mc"
+    err = _fails(capsys, f"{base} --data {toy_jsonl} --out {tmp_path}/x.json")
+    assert "--out names one benchmark's file; give --out-dir DIR" in err
+    err = _fails(capsys, f"{base} --data toy_avg8={toy_jsonl} --out-dir {tmp_path}/o")
+    assert "--data toy_avg8=" in err and "is not one of the --benchmark names" in err
+    err = _fails(capsys, f"{base} --data toy_greedy={toy_jsonl} --out-dir {tmp_path}/o")
+    assert "toy_mc reads a local file and none was given" in err
+    assert not (tmp_path / "o").exists()
+    err = _fails(
+        capsys, f"--checkpoint {tiny_model_dir} --benchmark toy_mc --benchmark toy_mc --data {toy_jsonl}"
+    )
+    assert "names a benchmark twice" in err

@@ -17,7 +17,7 @@ TINY_JOBS = {
     "prepare_toy": 1,
     "pretrain": 1,
     "train_local": TINY_CONDITIONS * SEEDS,
-    "eval": 2 * 3 * SEEDS,  # dense and method (eval.conditions) x toy_greedy, toy_avg8, toy_mc, every seed
+    "eval_tiny": 2 * SEEDS,  # dense and method (eval.conditions), every seed: one job, three benchmarks
     "sweep_init": 1,
     "sweep_worker": 2,
     "sweep_summary": 1,
@@ -31,7 +31,8 @@ PAPER_JOBS = {
     "prepare_math": 1,
     "prepare_deepscaler": 1,
     "train_verl": PAPER_RUNS,
-    "eval": PAPER_RUNS * 8,  # the eight benchmarks of the suite
+    "eval_A": PAPER_RUNS // 2 * 8,  # one job per benchmark of the suite's eight (eval.job_per: benchmark)
+    "eval_B": PAPER_RUNS // 2 * 8,
     "sweep_init": 1,  # pair A only
     "sweep_worker": 8,
     "sweep_summary": 1,
@@ -81,14 +82,16 @@ def test_tiny_commands_follow_the_cli_contracts(tiny: Result) -> None:
         "data.dir=results/data/toy",
         "> results/logs/train/tiny/dense/seed0.log",
     )
+    benchmarks = "--benchmark toy_greedy --benchmark toy_avg8 --benchmark toy_mc"  # one job, one model
     assert _has_command(
         tiny,
-        "commrl eval --benchmark toy_mc",
+        f"commrl eval {benchmarks}",
+        "--data toy_greedy=results/data/toy/test.jsonl --data toy_avg8=results/data/toy/test.jsonl",
+        "--data toy_mc=results/data/toy/test.jsonl",
+        "--out-dir results/eval/tiny/dense/seed0",
         "--pair tiny",
         "--backend vllm",
         f"--summary {run}/summary.json",
-        "--data results/data/toy/test.jsonl",
-        "--out results/eval/tiny/dense/seed0/toy_mc.json",
     )
     assert _has_command(
         tiny,
@@ -109,9 +112,9 @@ def test_paper_commands_follow_the_cli_contracts(paper: Result) -> None:
         "commrl prepare --dataset math --source EleutherAI/hendrycks_math",
         "--exclude results/data/math500/test.parquet",
     )
-    math500 = "--benchmark commrl_math500", "--data results/data/math500/test.jsonl"
+    math500 = "--benchmark commrl_math500", "--data commrl_math500=results/data/math500/test.jsonl"
     summary = "--summary results/runs/B/dense/seed0/summary.json"  # the model at the read tick comes from it
-    assert _has_command(paper, "commrl eval", *math500, summary)
+    assert _has_command(paper, "commrl eval", *math500, "--out-dir results/eval/B/dense/seed0", summary)
     assert not _has_command(paper, "--benchmark commrl_aime24", "--data")  # the benchmark registry's hub id
 
 
@@ -119,7 +122,7 @@ def test_eval_reads_the_summary_which_names_the_model(tiny: Result, paper: Resul
     """An evaluation's input is the run's summary.json (+ the benchmark's data), not final/: the summary
     names the model at the read tick, final/ or tick<read_at>/ (pair A's long KL runs)."""
     for result in (tiny, paper):
-        inputs = re.findall(r"^rule eval:\n    input: (.*)$", result.output, re.M)
+        inputs = re.findall(r"^rule eval_\w+:\n    input: (.*)$", result.output, re.M)
         assert inputs and all(i.split(", ")[0].endswith("/summary.json") for i in inputs)
         assert not [i for i in inputs if "/final" in i]
 
@@ -137,10 +140,10 @@ def test_paper_long_kl_runs_ask_150_ticks(paper: Result) -> None:
 
 def test_paper_gpu_jobs_ask_for_gpus_tiny_jobs_do_not(paper: Result, tiny: Result) -> None:
     assert {r["gpu"] for r in paper.resources("train_verl")} == {"8"}
-    assert {r["gpu"] for r in paper.resources("eval")} == {"1"}
+    assert {r["gpu"] for r in paper.resources("eval_A") + paper.resources("eval_B")} == {"1"}
     assert all("gpu" not in r for r in paper.resources("prepare_math"))
     assert tiny.resources("train_local") and all("gpu" not in r for r in tiny.resources("train_local"))
-    assert all("gpu" not in r for r in tiny.resources("eval"))
+    assert tiny.resources("eval_tiny") and all("gpu" not in r for r in tiny.resources("eval_tiny"))
 
 
 def test_retries_grow_memory_and_time_with_the_attempt(workflow: Workflow, paper: Result) -> None:
@@ -166,11 +169,11 @@ def test_a_resource_kind_left_out_takes_the_schema_default_whole(workflow: Workf
     [
         (
             "results/eval/tiny/method/seed0/toy_greedy.json",
-            {"init_store": 1, "prepare_toy": 1, "pretrain": 1, "train_local": 1, "eval": 1},
+            {"init_store": 1, "prepare_toy": 1, "pretrain": 1, "train_local": 1, "eval_tiny": 1},
         ),
         (
             "results/eval/A/method/seed0/commrl_math500.json",
-            {"init_store": 1, "prepare_math500": 1, "prepare_math": 1, "train_verl": 1, "eval": 1},
+            {"init_store": 1, "prepare_math500": 1, "prepare_math": 1, "train_verl": 1, "eval_A": 1},
         ),
     ],
 )

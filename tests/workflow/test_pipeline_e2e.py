@@ -131,11 +131,16 @@ def test_the_report_has_the_figures_and_the_claims(pipeline):
 
 
 def test_one_benchmark_on_one_checkpoint_is_one_job(pipeline):
+    """The tiny pair's eval.job_per is checkpoint: one job evaluates the pair's three benchmarks, with
+    one model, each into its own summary."""
     target = "results/eval/tiny/dense/seed0/toy_greedy.json"  # dense is not evaluated by default
     result = pipeline.snakemake(target, "--cores", "2", timeout=600)
     assert result.returncode == 0, result.output[-3000:]
-    assert result.counts() == {"eval": 1}
-    assert (pipeline.root / target).is_file()
+    assert result.counts() == {"eval_tiny": 1}
+    for name in ("toy_greedy", "toy_avg8", "toy_mc"):
+        summary = json.loads((pipeline.root / target).with_name(f"{name}.json").read_text())
+        assert summary["benchmark"] == name and summary["backend"] == "vllm"
+        assert summary["checkpoint"].endswith("dense/seed0/final")
 
 
 def test_a_finished_pipeline_has_nothing_left_to_do(pipeline):

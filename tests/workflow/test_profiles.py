@@ -49,7 +49,7 @@ def test_a_warning_lead_shorter_than_the_checkpoint_or_to_the_batch_shell_is_rep
 @pytest.mark.parametrize("name", PROFILES)
 def test_every_profile_parses_and_drives_a_dry_run(workflow: Workflow, name: str) -> None:
     result = workflow.dry_run("--profile", f"profiles/{name}")
-    assert result.counts()["eval"] == 2 * 3 * 3  # dense and method x 3 toy benchmarks x 3 seeds
+    assert result.counts()["eval_tiny"] == 2 * 3  # dense and method x 3 seeds (3 toy benchmarks a job)
 
 
 @pytest.mark.parametrize("name", PROFILES)

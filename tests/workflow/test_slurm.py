@@ -77,7 +77,7 @@ def _run_until_done(workflow: Workflow, args: list[str], timeout: float) -> tupl
 
 
 SUBSET = REPO / "tests" / "fixtures" / "pipeline" / "slurm-subset.yaml"
-SUBSET_RULES = {"init_store", "prepare_toy", "pretrain", "train_local", "eval", "report"}
+SUBSET_RULES = {"init_store", "prepare_toy", "pretrain", "train_local", "eval_tiny", "report"}
 
 
 def test_the_pipeline_subset_runs_through_slurm_with_its_gpu_requests(

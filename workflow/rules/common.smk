@@ -152,21 +152,51 @@ def eval_data(pair, benchmark):
     return pair_cfg(pair)["eval"]["benchmarks"].get(benchmark, {}).get("data")
 
 
-def eval_inputs(wildcards):
+def eval_per_checkpoint(pair):
+    """Whether one evaluation job of `pair` runs all its benchmarks on a checkpoint (`eval.job_per`)."""
+    return pair_cfg(pair)["eval"]["job_per"] == "checkpoint"
+
+
+def eval_outputs(pair):
+    """The summaries one evaluation job of `pair` writes: every benchmark's, or its {benchmark}'s."""
+    run = f"results/eval/{pair}/{{condition}}/seed{{seed}}"
+    if eval_per_checkpoint(pair):
+        return [f"{run}/{name}.json" for name in pair_cfg(pair)["eval"]["benchmarks"]]
+    return f"{run}/{{benchmark}}.json"
+
+
+def eval_benchmarks(pair, wildcards):
+    """The benchmarks of one evaluation job."""
+    if eval_per_checkpoint(pair):
+        return list(pair_cfg(pair)["eval"]["benchmarks"])
+    return [wildcards.benchmark]
+
+
+def eval_inputs(pair):
     """What an evaluation reads: the run's summary.json (it names the model at the read tick, the one
-    `commrl eval --summary` evaluates) and the benchmark's data where the pipeline makes it."""
-    run = run_dir(wildcards.pair, wildcards.condition, wildcards.seed)
-    inputs = {"summary": f"{run}/summary.json"}
-    data = eval_data(wildcards.pair, wildcards.benchmark)
-    if data and data.startswith("results/"):
-        inputs["data"] = data
+    `commrl eval --summary` evaluates) and its benchmarks' data where the pipeline makes it."""
+
+    def inputs(wildcards):
+        found = {"summary": f"{run_dir(pair, wildcards.condition, wildcards.seed)}/summary.json"}
+        data = {eval_data(pair, name) for name in eval_benchmarks(pair, wildcards)}
+        made = sorted(path for path in data if path and path.startswith("results/"))
+        return {**found, **{f"data{i}": path for i, path in enumerate(made)}}
+
     return inputs
 
 
-def eval_options(wildcards):
-    """`--data` of `commrl eval` where the config names the benchmark's data (else the registry's source)."""
-    data = eval_data(wildcards.pair, wildcards.benchmark)
-    return f"--data {data}" if data else ""
+def eval_options(pair):
+    """`commrl eval`'s benchmarks, where each writes, and `--data NAME=PATH` where the config names a
+    benchmark's data (else the registry's source)."""
+
+    def options(wildcards):
+        names = eval_benchmarks(pair, wildcards)
+        run = f"results/eval/{pair}/{wildcards.condition}/seed{wildcards.seed}"
+        words = [f"--benchmark {name}" for name in names]
+        words += [f"--data {name}={eval_data(pair, name)}" for name in names if eval_data(pair, name)]
+        return " ".join(words + [f"--out-dir {run}"])
+
+    return options
 
 
 @functools.cache

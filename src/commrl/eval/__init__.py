@@ -1,6 +1,7 @@
 """Evaluation with lm-eval: the benchmark registry, generated task YAMLs, the runner and MLflow logging.
 
-``evaluate_checkpoint(checkpoint, benchmark, backend="hf", out=None, ...)`` is what ``commrl eval`` calls.
+``evaluate_benchmarks(checkpoint, benchmarks, backend="hf", outs=None, data=None, ...)`` is what
+``commrl eval`` calls (``evaluate_checkpoint`` per benchmark, with one model for all of them).
 """
 
 from commrl.eval.benchmarks import BENCHMARKS, Benchmark, HubSource, get_benchmark
@@ -12,7 +13,7 @@ from commrl.eval.errors import (
     TrainingRunError,
 )
 from commrl.eval.pairs import EVAL_DEFAULTS, PairSettings, pair_settings
-from commrl.eval.runner import BACKENDS, evaluate_checkpoint
+from commrl.eval.runner import BACKENDS, evaluate_benchmarks, evaluate_checkpoint
 
 __all__ = [
     "BACKENDS",
@@ -26,6 +27,7 @@ __all__ = [
     "HubSource",
     "PairSettings",
     "TrainingRunError",
+    "evaluate_benchmarks",
     "evaluate_checkpoint",
     "get_benchmark",
     "pair_settings",

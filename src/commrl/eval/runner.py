@@ -1,4 +1,5 @@
-"""Evaluate one checkpoint on one benchmark through lm-eval's Python API, then record the result.
+"""Evaluate one checkpoint on one benchmark through lm-eval's Python API, then record the result;
+``evaluate_benchmarks`` evaluates one checkpoint on several with one model (one import, one engine build).
 
 Order of work, so that a failure costs little and a killed evaluation leaves no ``out`` file:
 
@@ -42,6 +43,15 @@ SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234,
 
 
 @dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """An lm-eval model built once for several benchmarks: the LM, its backend and its ``model_args``."""
+
+    lm: LM
+    backend: str
+    args: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class OutputPaths:
     """Where one evaluation writes: the summary (``out``) and, beside it, the results, samples and task."""
 
@@ -78,7 +88,7 @@ def evaluate_checkpoint(
     settings_overrides: dict[str, Any] | None = None,
     tracking_uri: str | None = None,
     log_to_mlflow: bool = True,
-    lm: LM | None = None,
+    lm: LM | LoadedModel | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (an HF model directory) on ``benchmark``; the summary dict (also at ``out``).
 
@@ -87,16 +97,11 @@ def evaluate_checkpoint(
     ``max_gen_toks`` (the response budget) override them. ``run_id`` is the training run to nest the MLflow
     run under. ``data`` is a local problems file (else the benchmark's hub dataset); ``prompt_template``
     (with ``{problem}``) replaces the data's ``prompt`` column. ``lm`` is an ``lm_eval.api.model.LM``
-    instance to evaluate instead of loading ``checkpoint`` with ``backend``.
+    instance to evaluate instead of loading ``checkpoint`` with ``backend``, or a ``LoadedModel`` of
+    ``checkpoint`` (``evaluate_benchmarks``: recorded as its backend, as if this call had loaded it).
     """
     bench = get_benchmark(benchmark)
-    if lm is None and backend not in BACKENDS:
-        raise ConfigError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
-    ckpt = Path(checkpoint).resolve()
-    if lm is None and not (ckpt / "config.json").is_file():
-        raise EvalError(f"checkpoint {ckpt} is not a model directory (no config.json); pass a run's final/")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"limit={limit} must be >= 1 (problems per task)")
+    ckpt = _checked_request(checkpoint, backend, limit, loads_model=lm is None)
     uri = tracking_uri or tracking.default_tracking_uri()
     parent = mlflow_log.training_run(run_id, uri) if (run_id and log_to_mlflow) else None
     pair = _resolve_pair(pair, parent)
@@ -112,7 +117,7 @@ def evaluate_checkpoint(
         metrics = extract_metrics(results, bench.name)
         write_text_atomic(paths.results, json.dumps(results, indent=2, default=_jsonable, ensure_ascii=False))
         write_lines_atomic(paths.samples, _sample_lines(samples))
-        backend_name = backend if lm is None else f"custom:{type(lm).__name__}"
+        backend_name = _backend_name(lm, backend)
         summary: dict[str, Any] = {
             "benchmark": bench.name,
             "kind": bench.kind,
@@ -176,12 +181,7 @@ def _prepare_task(
     Returns the task manager, the data source and how the prompt was made, in words.
     """
     if bench.builtin:
-        if data is not None:
-            raise EvalError(
-                f"{bench.name} is lm-eval's built-in task; it reads {bench.hub_configs[0].path} only "
-                "(pre-cache it), --data does not apply"
-            )
-        check_hub_sources(bench.hub_configs, bench.name)
+        check_builtin_source(bench, data)
         source = ", ".join(sorted({s.path for s in bench.hub_configs}))
         prompt = "lm-eval built-in prompt"
     else:
@@ -201,6 +201,16 @@ def _prepare_task(
     return TaskManager(include_path=str(task_dir), include_defaults=False), source, prompt
 
 
+def check_builtin_source(bench: Benchmark, data: str | Path | None) -> None:
+    """A built-in lm-eval task reads its hub dataset from the cache, never ``data``."""
+    if data is not None:
+        raise EvalError(
+            f"{bench.name} is lm-eval's built-in task; it reads {bench.hub_configs[0].path} only "
+            "(pre-cache it), --data does not apply"
+        )
+    check_hub_sources(bench.hub_configs, bench.name)
+
+
 def backend_model_args(backend: str, checkpoint: Path, settings: PairSettings) -> dict[str, Any]:
     """lm-eval ``model_args`` of ``backend`` for ``checkpoint`` under the pair's settings."""
     if backend == "hf":
@@ -217,7 +227,94 @@ def backend_model_args(backend: str, checkpoint: Path, settings: PairSettings) -
     }
 
 
-def _model(lm: LM | None, backend: str, checkpoint: Path, settings: PairSettings) -> tuple[LM | str, dict]:
+def evaluate_benchmarks(
+    checkpoint: str | Path,
+    benchmarks: list[str],
+    backend: str = "hf",
+    outs: dict[str, str | Path] | None = None,
+    data: dict[str, str | Path | None] | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Evaluate ``checkpoint`` on each of ``benchmarks`` in turn with one model; their summaries, in order.
+
+    The model is built once (one vLLM import and engine build instead of one per benchmark); each benchmark
+    is then exactly what ``evaluate_checkpoint`` does for it alone: lm-eval reseeds Python, NumPy and torch
+    before each (``SEEDS``), and its files, summary and MLflow run are its own. ``outs`` and ``data`` map a
+    benchmark to its ``out`` and ``data``; ``options`` are ``evaluate_checkpoint``'s other keywords.
+    """
+    if not benchmarks:
+        raise ConfigError("give at least one benchmark")
+    outs, data = outs or {}, data or {}
+    if len(benchmarks) == 1:
+        (name,) = benchmarks
+        out, problems = outs.get(name), data.get(name)
+        return [evaluate_checkpoint(checkpoint, name, backend, out, data=problems, **options)]
+    chosen = [get_benchmark(name) for name in benchmarks]
+    ckpt = _checked_request(checkpoint, backend, options.get("limit"), loads_model=True)
+    uri = options.get("tracking_uri") or tracking.default_tracking_uri()
+    log = options.get("log_to_mlflow", True)
+    parent = mlflow_log.training_run(options.get("run_id"), uri) if (options.get("run_id") and log) else None
+    overrides = {**(options.get("settings_overrides") or {}), "max_gen_toks": options.get("max_gen_toks")}
+    settings = pair_settings(_resolve_pair(options.get("pair"), parent), options.get("config"), **overrides)
+    for bench in chosen:  # every benchmark's problems are there before the model loads
+        name = bench.name
+        if bench.builtin:
+            check_builtin_source(bench, data.get(name))
+        else:
+            load_rows(bench, data.get(name))
+    loaded = load_model(backend, ckpt, settings)
+    return [
+        evaluate_checkpoint(ckpt, name, backend, outs.get(name), data=data.get(name), lm=loaded, **options)
+        for name in benchmarks
+    ]
+
+
+def _checked_request(checkpoint: str | Path, backend: str, limit: int | None, *, loads_model: bool) -> Path:
+    """The checkpoint's absolute path, once the backend, the model directory and ``limit`` are valid."""
+    if loads_model and backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    ckpt = Path(checkpoint).resolve()
+    if loads_model and not (ckpt / "config.json").is_file():
+        raise EvalError(f"checkpoint {ckpt} is not a model directory (no config.json); pass a run's final/")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit={limit} must be >= 1 (problems per task)")
+    return ckpt
+
+
+def load_model(backend: str, checkpoint: Path, settings: PairSettings) -> LoadedModel:
+    """Build ``backend``'s lm-eval model of ``checkpoint`` as ``simple_evaluate`` would from its name."""
+    import lm_eval.api.registry
+    import torch
+
+    _, args = _model(None, backend, checkpoint, settings)
+    lm = lm_eval.api.registry.get_model(backend).create_from_arg_obj(
+        args,
+        {
+            "batch_size": _batch_size(settings, backend),
+            "max_batch_size": None,
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+        },
+    )
+    return LoadedModel(lm, backend, args)
+
+
+def _backend_name(lm: LM | LoadedModel | None, backend: str) -> str:
+    if lm is None:
+        return backend
+    if isinstance(lm, LoadedModel):
+        return lm.backend
+    return f"custom:{type(lm).__name__}"
+
+
+def _batch_size(settings: PairSettings, backend: str) -> int | str:
+    return settings.batch_size if backend == "hf" else "auto"
+
+
+def _model(
+    lm: LM | LoadedModel | None, backend: str, checkpoint: Path, settings: PairSettings
+) -> tuple[LM | LoadedModel | str, dict]:
+    if isinstance(lm, LoadedModel):
+        return lm, lm.args
     if lm is not None:
         return lm, {}
     if backend == "vllm":
@@ -228,7 +325,7 @@ def _model(lm: LM | None, backend: str, checkpoint: Path, settings: PairSettings
 
 
 def _run_lm_eval(
-    model: LM | str,
+    model: LM | LoadedModel | str,
     args: dict[str, Any],
     bench: Benchmark,
     task_manager: TaskManager,
@@ -242,12 +339,13 @@ def _run_lm_eval(
     from lm_eval.loggers import EvaluationTracker
 
     tracker = EvaluationTracker()
+    loaded = model if isinstance(model, LoadedModel) else None
     results = lm_eval.simple_evaluate(
-        model=model,
-        model_args=args or None,
+        model=loaded.lm if loaded else model,
+        model_args=None if loaded else (args or None),
         tasks=[bench.name],
         task_manager=task_manager,
-        batch_size=settings.batch_size if backend == "hf" else "auto",
+        batch_size=_batch_size(settings, backend),
         device="cuda" if torch.cuda.is_available() else "cpu",
         limit=limit,
         log_samples=True,
@@ -260,6 +358,15 @@ def _run_lm_eval(
         raise EvalError("lm-eval returned no results on this rank; run the evaluation as a single process")
     samples = results.pop("samples")
     config = tracker.general_config_tracker
+    if loaded is not None:  # recorded as simple_evaluate records a model it built from its name
+        results["config"].update(model=loaded.backend, model_args=loaded.args)
+        config.log_experiment_args(
+            model_source=loaded.backend,
+            model_args=loaded.args,
+            system_instruction=settings.system_prompt,
+            chat_template=config.chat_template,
+            fewshot_as_multiturn=config.fewshot_as_multiturn,
+        )
     config.log_end_time()
     results["task_hashes"] = {
         task: _hash("".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"] for s in task_samples))
