@@ -49,8 +49,8 @@ def start_job(
     ]
     env = {**os.environ, "COMMRL_NO_PROGRESS": "1", "OMP_NUM_THREADS": str(threads)}
     out.parent.mkdir(parents=True, exist_ok=True)
-    log = (out.parent / "log").open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    with (out.parent / "log").open("w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     return proc, time.perf_counter()
 
 

@@ -102,10 +102,9 @@ def evaluate_checkpoint(
     """
     bench = get_benchmark(benchmark)
     ckpt = _checked_request(checkpoint, backend, limit, loads_model=lm is None)
-    uri = tracking_uri or tracking.default_tracking_uri()
-    parent = mlflow_log.training_run(run_id, uri) if (run_id and log_to_mlflow) else None
-    pair = _resolve_pair(pair, parent)
-    settings = pair_settings(pair, config, **{**(settings_overrides or {}), "max_gen_toks": max_gen_toks})
+    uri, parent, pair, settings = _resolved_settings(
+        pair, run_id, tracking_uri, log_to_mlflow, config, settings_overrides, max_gen_toks
+    )
 
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="commrl-eval-") as scratch:
@@ -251,11 +250,15 @@ def evaluate_benchmarks(
         return [evaluate_checkpoint(checkpoint, name, backend, out, data=problems, **options)]
     chosen = [get_benchmark(name) for name in benchmarks]
     ckpt = _checked_request(checkpoint, backend, options.get("limit"), loads_model=True)
-    uri = options.get("tracking_uri") or tracking.default_tracking_uri()
-    log = options.get("log_to_mlflow", True)
-    parent = mlflow_log.training_run(options.get("run_id"), uri) if (options.get("run_id") and log) else None
-    overrides = {**(options.get("settings_overrides") or {}), "max_gen_toks": options.get("max_gen_toks")}
-    settings = pair_settings(_resolve_pair(options.get("pair"), parent), options.get("config"), **overrides)
+    *_, settings = _resolved_settings(
+        options.get("pair"),
+        options.get("run_id"),
+        options.get("tracking_uri"),
+        options.get("log_to_mlflow", True),
+        options.get("config"),
+        options.get("settings_overrides"),
+        options.get("max_gen_toks"),
+    )
     for bench in chosen:  # every benchmark's problems are there before the model loads
         name = bench.name
         if bench.builtin:
@@ -267,6 +270,23 @@ def evaluate_benchmarks(
         evaluate_checkpoint(ckpt, name, backend, outs.get(name), data=data.get(name), lm=loaded, **options)
         for name in benchmarks
     ]
+
+
+def _resolved_settings(
+    pair: str | None,
+    run_id: str | None,
+    tracking_uri: str | None,
+    log_to_mlflow: bool,
+    config: str | Path | None,
+    settings_overrides: dict[str, Any] | None,
+    max_gen_toks: int | None,
+) -> tuple[str, Run | None, str, PairSettings]:
+    """The tracking URI, the training run to nest under (if any), the pair and its evaluation settings."""
+    uri = tracking_uri or tracking.default_tracking_uri()
+    parent = mlflow_log.training_run(run_id, uri) if (run_id and log_to_mlflow) else None
+    pair = _resolve_pair(pair, parent)
+    settings = pair_settings(pair, config, **{**(settings_overrides or {}), "max_gen_toks": max_gen_toks})
+    return uri, parent, pair, settings
 
 
 def _checked_request(checkpoint: str | Path, backend: str, limit: int | None, *, loads_model: bool) -> Path:
@@ -284,7 +304,6 @@ def _checked_request(checkpoint: str | Path, backend: str, limit: int | None, *,
 def load_model(backend: str, checkpoint: Path, settings: PairSettings) -> LoadedModel:
     """Build ``backend``'s lm-eval model of ``checkpoint`` as ``simple_evaluate`` would from its name."""
     import lm_eval.api.registry
-    import torch
 
     _, args = _model(None, backend, checkpoint, settings)
     lm = lm_eval.api.registry.get_model(backend).create_from_arg_obj(
@@ -292,7 +311,7 @@ def load_model(backend: str, checkpoint: Path, settings: PairSettings) -> Loaded
         {
             "batch_size": _batch_size(settings, backend),
             "max_batch_size": None,
-            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "device": _device(),
         },
     )
     return LoadedModel(lm, backend, args)
@@ -304,6 +323,12 @@ def _backend_name(lm: LM | LoadedModel | None, backend: str) -> str:
     if isinstance(lm, LoadedModel):
         return lm.backend
     return f"custom:{type(lm).__name__}"
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _batch_size(settings: PairSettings, backend: str) -> int | str:
@@ -335,7 +360,6 @@ def _run_lm_eval(
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """``simple_evaluate`` with the chat template and the pair's system prompt; (results, samples)."""
     import lm_eval
-    import torch
     from lm_eval.loggers import EvaluationTracker
 
     tracker = EvaluationTracker()
@@ -346,7 +370,7 @@ def _run_lm_eval(
         tasks=[bench.name],
         task_manager=task_manager,
         batch_size=_batch_size(settings, backend),
-        device="cuda" if torch.cuda.is_available() else "cpu",
+        device=_device(),
         limit=limit,
         log_samples=True,
         evaluation_tracker=tracker,
