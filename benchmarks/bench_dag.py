@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ["Snakefile", "workflow", "configs", "envs", "profiles"]
+WORKFLOW_FILES = ["Snakefile", "workflow", "configs", "envs", "profiles", "assets"]
 TARGET_DRY_RUN_S = 3.0
 
 

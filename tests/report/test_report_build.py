@@ -337,3 +337,21 @@ def test_the_async_conditions_are_read_from_the_store_drawn_tabulated_and_claime
     saved = json.loads((built.out_dir / "claims.json").read_text())
     assert saved["thresholds"]["async_method_max_effective_frac"] == 0.35
     assert saved["pairs"]["A"][13]["combine"] == "any" and saved["pairs"]["B"][12]["status"] == "n/a"
+
+
+def test_a_built_report_compared_with_itself_pairs_every_interval_cell_and_claim(built):
+    from commrl.report.compare import compare_reports
+
+    tables = json.loads((built.out_dir / "tables.json").read_text())
+    intervals = sum(
+        isinstance(cell, dict) and isinstance(cell.get("low"), float) and isinstance(cell.get("high"), float)
+        for section in tables["pairs"].values()
+        for name, table in section["tables"].items()
+        if name != "sweeps"
+        for row in table["rows"]
+        for cell in row
+    )
+    c = compare_reports(built.out_dir, built.out_dir)
+    assert len(c.cells) >= intervals > 20
+    assert all(x.identical for x in c.cells) and c.summary()["difference_excludes_zero"] == 0
+    assert c.summary()["claims"] == sum(len(v) for v in built.claims.values())

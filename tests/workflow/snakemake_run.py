@@ -1,7 +1,7 @@
 """A private copy of the workflow and real `snakemake` runs in it, for the workflow tests.
 
-Every test works in its own copy (Snakefile, workflow/, configs/, envs/, profiles/, the `slurm` link) under
-tmp_path, so that nothing touches the checkout's results/ or .snakemake/.
+Every test works in its own copy (Snakefile, workflow/, configs/, envs/, profiles/, the `slurm` link,
+assets/) under tmp_path, so that nothing touches the checkout's results/ or .snakemake/.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-WORKFLOW_FILES = ["Snakefile", "workflow", "configs", "envs", "profiles", "slurm"]
+WORKFLOW_FILES = ["Snakefile", "workflow", "configs", "envs", "profiles", "slurm", "assets"]
 PAPER = "configs/pipeline/paper.yaml"
 
 

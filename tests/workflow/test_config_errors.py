@@ -161,6 +161,11 @@ CASES = [
         "pairs.tiny.eval.benchmarks.toy_mc.data: 'results/data/toy/tset.jsonl' is not a file of the data",
     ),
     Case(
+        "shipped_base_missing",
+        _set("pairs.tiny.pretrain.shipped", "assets/tiny-bsae"),
+        "pairs.tiny.pretrain.shipped: 'assets/tiny-bsae' has no SHIPPED.json",
+    ),
+    Case(
         "missing_sweep_file",
         _set("pairs.tiny.sweep.config", "configs/sweep/missing.yaml"),
         "pairs.tiny.sweep.config: cannot read 'configs/sweep/missing.yaml'",

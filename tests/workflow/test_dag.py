@@ -73,7 +73,7 @@ def test_tiny_commands_follow_the_cli_contracts(tiny: Result) -> None:
     assert _has_command(tiny, "commrl init-store --pair tiny --stamp results/.init/mlflow.done")
     assert _has_command(tiny, "commrl prepare --dataset toy --seed 0 --out results/data/toy")
     pretrain = "commrl pretrain --data results/data/toy --out results/models/tiny-base --seed 0"
-    assert _has_command(tiny, pretrain)
+    assert _has_command(tiny, pretrain, "--shipped assets/tiny-base")  # staged, checked, not trained
     assert _has_command(
         tiny,
         "commrl train pair=tiny condition=dense seed=0",

@@ -1,10 +1,11 @@
 # The base policy of a locally trained pair: the tiny Qwen2 model pretrained on the pair's training data
-# (`commrl pretrain`). Paper pairs start from a hub model named in the driver config instead.
+# (`commrl pretrain`), or that command's checked-in output staged after its checks (pretrain.shipped).
+# Paper pairs start from a hub model named in the driver config instead.
 
 
 rule pretrain:
     input:
-        data=lambda wildcards: data_files(pair_cfg(wildcards.pair)["train_data"]),
+        unpack(lambda wildcards: pretrain_inputs(wildcards.pair)),
     output:
         config="results/models/{pair}-base/config.json",
         weights="results/models/{pair}-base/model.safetensors",

@@ -124,11 +124,23 @@ def train_inputs(pair):
     return inputs
 
 
+def pretrain_inputs(pair):
+    """What `commrl pretrain` reads for `pair`: its training data, and the shipped base if it has one."""
+    cfg = pair_cfg(pair)
+    inputs = {"data": data_files(cfg["train_data"])}
+    if "shipped" in cfg["pretrain"]:
+        shipped = cfg["pretrain"]["shipped"]
+        inputs["shipped"] = [f"{shipped}/SHIPPED.json", f"{shipped}/model.safetensors"]
+    return inputs
+
+
 def pretrain_options(pair):
     """`commrl pretrain` flags for the optional knobs of pairs.<pair>.pretrain."""
     cfg = pair_cfg(pair)["pretrain"]
     flags = {"max_steps": "--max-steps", "target_acc": "--target-acc", "max_acc": "--max-acc"}
     options = [f"{flag} {cfg[key]}" for key, flag in flags.items() if key in cfg]
+    if "shipped" in cfg:
+        options.append(f"--shipped {shlex.quote(cfg['shipped'])}")
     if cfg.get("window_check") is False:
         options.append("--no-window-check")
     return " ".join(options)
@@ -501,6 +513,10 @@ def check_config():
             if condition not in cfg["conditions"]:
                 raise config_error(f"pairs.{pair}.eval.conditions", f"{condition!r} {run}")
         check_benchmarks(pair, cfg)
+        shipped = cfg.get("pretrain", {}).get("shipped")
+        if shipped and not os.path.isfile(os.path.join(shipped, "SHIPPED.json")):
+            fix = "give a directory with a SHIPPED.json (assets/tiny-base), or drop the key to pretrain here"
+            raise config_error(f"pairs.{pair}.pretrain.shipped", f"{shipped!r} has no SHIPPED.json; {fix}")
         if "sweep" in cfg:
             sweep_config(pair)
 

@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("commrl.cli.eval", "evaluate one checkpoint on one benchmark with lm-eval"),
     "sweep": ("commrl.cli.sweep", "Optuna sweeps: init, worker, summary"),
     "report": ("commrl.cli.report", "the note's figures and tables from the MLflow store"),
+    "compare": (
+        "commrl.cli.compare",
+        "another run of a study against a report of it, cell by cell and claim by claim",
+    ),
     "netmodel": ("commrl.cli.netmodel", "from bytes to seconds: tick time and time to target on a link"),
 }
 

@@ -4,6 +4,10 @@ Writes ``OUT/`` (model, tokenizer) and ``OUT/base_accuracy.json`` (greedy valida
 rate, steps, seconds, seed). Exits 1 when the greedy accuracy did not land in ``[--target-acc,
 --max-acc]`` within ``--max-steps`` (the directory is still written, so the run can be inspected), unless
 ``--no-window-check`` (a quick smoke base policy, e.g. for a pipeline subset).
+
+``--shipped DIR`` stages a checked-in output of this command (``assets/tiny-base``) instead of training,
+after checking that it was made with the recipe and on the data asked for (``commrl.models.shipped``):
+every machine then starts from the same base policy.
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="(default %(default)s)")
     parser.add_argument(
+        "--shipped",
+        metavar="DIR",
+        default=None,
+        help="copy this checked-in output of the same command (its SHIPPED.json must match the recipe and "
+        "the data) instead of training, e.g. assets/tiny-base",
+    )
+    parser.add_argument(
         "--no-window-check",
         action="store_true",
         help="exit 0 even when the accuracy ends outside the window (report it as a warning)",
@@ -55,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from commrl.cli.main import fail
     from commrl.data.schema import DataError
     from commrl.models.pretrain import PretrainConfig, pretrain
+    from commrl.models.shipped import stage_shipped
 
     try:
         cfg = PretrainConfig(
@@ -66,11 +78,15 @@ def run(args: argparse.Namespace) -> int:
             lr=args.lr,
             batch_size=args.batch_size,
         ).validate()
-        result = pretrain(args.data, args.out, cfg)
+        if args.shipped:
+            result = stage_shipped(args.shipped, args.out, args.data, cfg)
+        else:
+            result = pretrain(args.data, args.out, cfg)
     except DataError as err:
         return fail("pretrain", err)
+    source = f"shipped {args.shipped}" if args.shipped else "trained"
     print(
-        f"base policy -> {args.out}: greedy validation acc {result['greedy_acc']:.3f}, "
+        f"base policy ({source}) -> {args.out}: greedy validation acc {result['greedy_acc']:.3f}, "
         f"T=1 pass rate {result['pass_rate_t1']:.3f}, {result['steps']} steps, {result['seconds']:.0f} s"
     )
     if not result["in_window"]:

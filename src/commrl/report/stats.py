@@ -239,18 +239,44 @@ def difference_interval(
     if min(sizes) < 2:
         return _no_interval(estimate, sizes, _unpaired_short(sizes))
     va, vb = xa.var(ddof=1) / sizes[0], scale**2 * xb.var(ddof=1) / sizes[1]
-    if va + vb == 0:
-        return Interval(estimate, estimate, estimate, sizes, "welch", False, ZERO_SPREAD, confidence)
-    if min(sizes) >= MIN_BOOTSTRAP_N:
+    if va + vb > 0 and min(sizes) >= MIN_BOOTSTRAP_N:
 
         def contrast(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
             return x.mean(axis=axis) - scale * y.mean(axis=axis)
 
         low, high = _two_sample_bca(xa, xb, contrast, False, confidence)
         return Interval(estimate, low, high, sizes, "bca", False, "", confidence)
+    return _welch(estimate, float(va), float(vb), sizes, confidence)
+
+
+def _welch(estimate: float, va: float, vb: float, sizes: tuple[int, int], confidence: float) -> Interval:
+    """``estimate ± t_{df} sqrt(va + vb)`` with the Welch-Satterthwaite
+    ``df = (va + vb)^2 / (va^2 / (n_a - 1) + vb^2 / (n_b - 1))`` (``va``, ``vb``: squared standard errors)."""
+    if va + vb == 0:
+        return Interval(estimate, estimate, estimate, sizes, "welch", False, ZERO_SPREAD, confidence)
     df = (va + vb) ** 2 / (va**2 / (sizes[0] - 1) + vb**2 / (sizes[1] - 1))
     half = float(_quantile(confidence, df) * np.sqrt(va + vb))
     return Interval(estimate, estimate - half, estimate + half, sizes, "welch", False, "", confidence)
+
+
+def standard_error(interval: Interval) -> float | None:
+    """The standard error behind a t interval of a seed mean, ``s / sqrt(n) = half_width / t_{n-1}``;
+    None for any other interval (BCa, Welch, Fieller, none), whose half-width is no such multiple."""
+    if interval.method != "t" or interval.half_width is None or interval.n < 2 or len(interval.sizes) != 1:
+        return None
+    return float(interval.half_width / _quantile(interval.confidence, interval.n - 1))
+
+
+def summary_difference(a: Interval, b: Interval) -> Interval | None:
+    """``mean(a) - mean(b)`` of two independent seed means given only as t intervals (e.g. read back
+    from two reports' ``tables.json``), with Welch's interval on the standard errors that
+    ``standard_error`` recovers: the same interval ``difference_interval`` gives on the seeds themselves
+    when unpaired. None when either side is not a t interval of two or more seeds."""
+    se_a, se_b = standard_error(a), standard_error(b)
+    if se_a is None or se_b is None:
+        return None
+    confidence = min(a.confidence, b.confidence)
+    return _welch(a.estimate - b.estimate, se_a**2, se_b**2, (a.n, b.n), confidence)
 
 
 def _ratio(a: float, b: float) -> float:
