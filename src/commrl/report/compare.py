@@ -312,33 +312,48 @@ def to_markdown(comparison: Comparison, figure: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+DRAW_LIMIT = 5.0  # half-widths: points beyond are drawn at the edge, as crosses
+
+
 def draw(comparison: Comparison, path: Path) -> bool:
     """Each t cell's ``x_o - x_b`` in units of its Welch half-width, one row per table: a point beyond ±1
-    is a cell whose interval excludes 0. False (nothing drawn) without such cells."""
+    is a cell whose interval excludes 0 (beyond ±``DRAW_LIMIT``: a cross at the edge). False (nothing
+    drawn) without such cells."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     points: dict[str, list[float]] = {}
+    pairs = {c.pair for c in comparison.cells}
     for c in comparison.cells:
         d = c.difference
         if d is None or d.half_width is None or d.half_width == 0:
             continue
-        points.setdefault(f"{c.pair}: {c.table}", []).append(d.estimate / d.half_width)
+        name = c.table if len(pairs) == 1 else f"{c.pair}: {c.table}"
+        points.setdefault(name, []).append(d.estimate / d.half_width)
     if not points:
         return False
     names = list(points)
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.4))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.6))
     for y, name in enumerate(names):
-        xs = points[name]
-        ax.scatter(xs, [y] * len(xs), s=14, alpha=0.6, color="#1f77b4")
-    ax.axvline(-1, color="#d62728", lw=1, ls="--")
-    ax.axvline(1, color="#d62728", lw=1, ls="--")
+        xs = [max(-DRAW_LIMIT, min(DRAW_LIMIT, x)) for x in points[name]]
+        inner = [x for x in xs if abs(x) < DRAW_LIMIT]
+        edge = [x for x in xs if abs(x) >= DRAW_LIMIT]
+        ax.scatter(inner, [y] * len(inner), s=14, alpha=0.6, color="#1f77b4")
+        ax.scatter(edge, [y] * len(edge), s=30, marker="x", color="#d62728")
+    for x in (-1, 1):
+        ax.axvline(x, color="#d62728", lw=1, ls="--")
     ax.axvline(0, color="#7f7f7f", lw=0.8)
+    ax.set_xlim(-DRAW_LIMIT - 0.5, DRAW_LIMIT + 0.5)
     ax.set_yticks(range(len(names)), names)
-    ax.set_xlabel("(other - base) / Welch 95% half-width  (|x| > 1: the interval excludes 0)")
-    ax.set_title("Another run of the study against the base, cell by cell")
+    ax.set_xlabel(f"(other - base) / Welch 95% half-width  (|x| > 1: excludes 0; x: beyond ±{DRAW_LIMIT:g})")
+    s = comparison.summary()
+    ax.set_title(
+        f"{s['difference_excludes_zero']} of {s['with_difference_interval']} cells differ (~5% by chance)\n"
+        f"{s['same_verdict']} of {s['claims']} claims keep their verdict",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
