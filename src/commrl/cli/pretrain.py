@@ -85,9 +85,11 @@ def run(args: argparse.Namespace) -> int:
     except DataError as err:
         return fail("pretrain", err)
     source = f"shipped {args.shipped}" if args.shipped else "trained"
+    made = "pretrained in " if args.shipped else ""
     print(
         f"base policy ({source}) -> {args.out}: greedy validation acc {result['greedy_acc']:.3f}, "
-        f"T=1 pass rate {result['pass_rate_t1']:.3f}, {result['steps']} steps, {result['seconds']:.0f} s"
+        f"T=1 pass rate {result['pass_rate_t1']:.3f}, {made}{result['steps']} steps, "
+        f"{result['seconds']:.0f} s"
     )
     if not result["in_window"]:
         level = "warning" if args.no_window_check else "error"
