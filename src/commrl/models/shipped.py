@@ -16,13 +16,13 @@ Git-LFS-pointer file is refused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from commrl.data.files import sha256_file
 from commrl.data.schema import DataError
 from commrl.errors import ConfigError
 from commrl.models.pretrain import ACCURACY_FILE, PretrainConfig
@@ -32,14 +32,6 @@ MANIFEST = "SHIPPED.json"
 DATA_FILES = ("train.parquet", "validation.parquet")  # what ``pretrain`` reads
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def data_digests(data_dir: str | Path) -> dict[str, str]:
     """``file -> sha256`` of the training data ``pretrain`` reads from ``data_dir``."""
     digests = {}
@@ -47,7 +39,7 @@ def data_digests(data_dir: str | Path) -> dict[str, str]:
         path = Path(data_dir) / name
         if not path.is_file():
             raise DataError(f"{path}: no such file; prepare the data first (commrl prepare --dataset toy)")
-        digests[name] = sha256(path)
+        digests[name] = sha256_file(path)
     return digests
 
 
@@ -58,7 +50,9 @@ def write_manifest(
     ``base_accuracy.json``); ``made_with``: where it was made (commit, torch, CPU capability, threads)."""
     model_dir = Path(model_dir)
     accuracy = json.loads((model_dir / ACCURACY_FILE).read_text())
-    files = {p.name: sha256(p) for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files = {
+        p.name: sha256_file(p) for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != MANIFEST
+    }
     manifest = {
         "command": command,
         "made_with": made_with,
@@ -83,7 +77,7 @@ def check_shipped(shipped: str | Path, data_dir: str | Path, cfg: PretrainConfig
     manifest = json.loads(path.read_text())
     for name, want in manifest["files"].items():
         file = shipped / name
-        if not file.is_file() or sha256(file) != want:
+        if not file.is_file() or sha256_file(file) != want:
             raise DataError(
                 f"{file}: missing or not the shipped file (sha256 differs from {MANIFEST}); restore it with "
                 f"`git checkout -- {file}` (a Git LFS pointer needs `git lfs pull`)"

@@ -24,16 +24,20 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from scipy import stats as sps
 
+from commrl.report.render import md_table
 from commrl.report.runs import ReportInputError
 from commrl.report.stats import CONFIDENCE, Interval, summary_difference
 from commrl.report.style import format_interval
 
 SKIPPED_TABLES = ("sweeps",)  # a 2-worker Optuna sweep is not deterministic
+CLAIM_COLUMNS = ["pair", "#", "claim", "base", "other", "same verdict"]
+CELL_COLUMNS = ["pair", "table", "row", "column", "base", "other", "identical", "inside", "other - base"]
 
 
 def expected_inside(n: int, confidence: float = CONFIDENCE) -> float:
@@ -66,7 +70,7 @@ class CellPair:
             return None
         return self.base.low <= self.other.estimate <= self.base.high
 
-    @property
+    @cached_property
     def difference(self) -> Interval | None:
         """``x_o - x_b`` with Welch's interval; None unless both cells are t intervals."""
         return summary_difference(self.other, self.base)
@@ -287,26 +291,18 @@ def to_markdown(comparison: Comparison, figure: str | None = None) -> str:
     ]
     if figure:
         lines += [f"![other - base, cell by cell]({figure})", ""]
-    lines += ["## Claims", "", "| pair | # | claim | base | other | same verdict |", "|---" * 6 + "|"]
-    for c in comparison.claims:
-        lines.append(
-            f"| {c.pair} | {c.number} | {c.claim} | {_claim_text(c.base)} | {_claim_text(c.other)} | "
-            f"{_yes_no(c.same_verdict)} |"
-        )
-    lines += [
-        "",
-        "## Cells",
-        "",
-        "| pair | table | row | column | base | other | identical | inside | other - base |",
-        "|---" * 9 + "|",
+    claims = [
+        [c.pair, c.number, c.claim, _claim_text(c.base), _claim_text(c.other), _yes_no(c.same_verdict)]
+        for c in comparison.claims
     ]
+    lines += ["## Claims", "", md_table(CLAIM_COLUMNS, claims), "", "## Cells", ""]
+    cells = []
     for c in comparison.cells:
         d = c.difference
         diff = "" if d is None else format_interval(d) + (" **excludes 0**" if c.differs else "")
-        lines.append(
-            f"| {c.pair} | {c.table} | {c.row} | {c.column} | {format_interval(c.base)} | "
-            f"{format_interval(c.other)} | {'yes' if c.identical else 'no'} | {_yes_no(c.inside)} | {diff} |"
-        )
+        same = "yes" if c.identical else "no"
+        cells.append([c.pair, c.table, c.row, c.column, c.base, c.other, same, _yes_no(c.inside), diff])
+    lines.append(md_table(CELL_COLUMNS, cells))
     if comparison.only_in_one:
         lines += ["", "## In one report only", "", *[f"- {x}" for x in comparison.only_in_one]]
     return "\n".join(lines) + "\n"

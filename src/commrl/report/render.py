@@ -97,7 +97,7 @@ def _summary(section: PairSection) -> str:
     return f"Read at {read}. Seeds per condition (training runs): {seeds}. Claims: {claims}."
 
 
-def _md_table(columns: list[str], rows: list[list[Cell]]) -> str:
+def md_table(columns: list[str], rows: list[list[Cell]]) -> str:
     def cell(v: Cell) -> str:
         return format_cell(v).replace("|", "\\|").replace("\n", " ")
 
@@ -110,7 +110,7 @@ def _md_tables(tables: list[Table]) -> list[str]:
     out = []
     for t in tables:
         out += [f"#### {t.title}", ""]
-        out += [f"> {t.note}", ""] if t.note else [_md_table(t.columns, t.rows), ""]
+        out += [f"> {t.note}", ""] if t.note else [md_table(t.columns, t.rows), ""]
     return out
 
 
@@ -154,7 +154,7 @@ def to_markdown(
             "",
             "### Claims: the note against this run",
             "",
-            _md_table(CLAIM_COLUMNS, _claim_rows(s.claims)),
+            md_table(CLAIM_COLUMNS, _claim_rows(s.claims)),
             "",
             "### Tables",
             "",
