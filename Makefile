@@ -7,7 +7,7 @@ setup:
 	bash scripts/setup.sh
 
 pipeline: setup
-	snakemake --cores 2
+	commrl forkserver run -- snakemake --cores 2
 
 test: setup
 	pytest -m "not slow" -n 2 --dist loadfile

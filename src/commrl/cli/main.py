@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from commrl.errors import ConfigError
@@ -34,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "another run of a study against a report of it, cell by cell and claim by claim",
     ),
     "netmodel": ("commrl.cli.netmodel", "from bytes to seconds: tick time and time to target on a link"),
+    "forkserver": (
+        "commrl.cli.forkserver",
+        "run local jobs as forks of one process that imported torch, verl and MLflow once",
+    ),
 }
 
 
@@ -56,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    code = _through_fork_server(argv)
+    if code is not None:
+        return code
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"commrl {name}", description=help_text)
@@ -65,6 +73,18 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except ConfigError as err:
         return fail(name, err)
+
+
+def _through_fork_server(argv: list[str]) -> int | None:
+    """The job's exit status when a fork server ran it (``commrl.run.forkserver``); None: run it here."""
+    from commrl.run import forkserver  # standard library only: `commrl --help` stays fast
+
+    path = os.environ.get(forkserver.ENV_VAR)
+    if not path or os.environ.get("SLURM_JOB_ID"):
+        return None
+    if argv[0] not in forkserver.FORKABLE or forkserver.in_fork() or "-h" in argv or "--help" in argv:
+        return None
+    return forkserver.submit(path, argv)
 
 
 def fail(command: str, error: object, code: int = EXIT_USAGE) -> int:

@@ -1,0 +1,460 @@
+"""A preloaded fork server for local jobs: each ``commrl`` job runs as a fork of a process that has already
+imported torch, transformers, verl, MLflow and lm-eval, instead of importing them again (about 11 s of a
+50 s tiny training job; README "Numbers").
+
+Every job stays one process of its own, started for its command and gone when it ends: ``commrl train``
+(or any command of ``FORKABLE``) run with ``COMMRL_FORKSERVER`` set becomes a thin client that hands its
+command line, working directory, environment and standard streams (the descriptors themselves, over a
+Unix socket) to the server; the server forks, and the fork runs the command exactly as ``commrl`` would
+(``commrl.cli.main``), writing to the client's streams. The client forwards every signal it gets (SIGUSR1
+and SIGTERM: a preemption warning; SIGINT) to the fork, waits, and ends the way the fork ended (its exit
+status, or the same signal), so Snakemake, ``preemptible.sh`` and a user's ``kill`` see what they would see
+without the server. If the client is killed outright (SIGKILL), the server kills the fork's process group.
+
+A job runs in its own process instead (the client says why on stderr) when no server answers, inside a
+Slurm job (its allocation, cgroup and signals belong to that process tree), or when its environment
+differs from the server's in a variable read at import time (``import_time_difference``): a fork would
+carry the server's value.
+
+    commrl forkserver run -- snakemake --cores 2      # what `make pipeline` runs
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ENV_VAR = "COMMRL_FORKSERVER"
+"""The server's socket path, set by ``run_with_server`` for the command it runs."""
+
+FORKABLE = frozenset({"init-store", "prepare", "pretrain", "train", "eval", "sweep", "report", "compare"})
+"""Commands that may run as a fork (``verl-train`` never does: it starts Ray and verl's workers)."""
+
+PRELOAD = (
+    "torch",
+    "numpy",
+    "pandas",
+    "transformers",
+    "transformers.models.qwen2.modeling_qwen2",
+    "mlflow",
+    "optuna",
+    "lm_eval",
+    "commrl.eval.vllm_backend:prepare_vllm",  # vLLM's CPU variables first, as an evaluation sets them
+    "vllm.entrypoints.llm",
+    "lm_eval.models.vllm_causallms",
+    "verl.trainer.ppo.core_algos",
+    "commrl.cli.train",
+    "commrl.cli.pretrain",
+    "commrl.cli.eval",
+    "commrl.cli.sweep",
+    "commrl.cli.report",
+    "commrl.rl.trainer",
+    "commrl.compression",
+)
+"""What the server imports once: a module, or ``module:function`` to call (with no arguments); an entry that
+fails is skipped (its jobs import it themselves)."""
+
+PER_JOB_ENV = frozenset(
+    {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "NUMEXPR_NUM_THREADS"}
+    | {"VECLIB_MAXIMUM_THREADS"}
+)
+"""Variables a job may set differently from the server: the fork applies them (``torch.set_num_threads``)."""
+
+IMPORT_TIME_PREFIXES = (
+    "PYTHON",
+    "LD_",
+    "OMP_",
+    "KMP_",
+    "GOMP_",
+    "MKL_",
+    "DNNL_",
+    "ONEDNN_",
+    "ATEN_",
+    "TORCH",
+    "PYTORCH_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "VLLM_",
+    "CUDA_",
+    "MLFLOW_",
+)
+"""Variable prefixes that libraries read when imported (thread pools, CPU kernels, hub and cache paths)."""
+
+_HEADER = struct.Struct("!I")
+_forked = False  # True in a job the server forked: its commrl.cli.main runs the command in this process
+
+
+def import_time_difference(server_env: Mapping[str, str], job_env: Mapping[str, str]) -> str | None:
+    """The first variable read at import time whose value differs between the two environments (not one of
+    ``PER_JOB_ENV``), as ``NAME``; None when a fork of the server is the job's own process."""
+    for name in sorted(set(server_env) | set(job_env)):
+        if name in PER_JOB_ENV or not name.startswith(IMPORT_TIME_PREFIXES):
+            continue
+        if server_env.get(name) != job_env.get(name):
+            return name
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- client
+def submit(path: str, argv: Sequence[str]) -> int | None:
+    """Run ``commrl ARGV`` as a fork of the server at ``path``; its exit status (a fork killed by a signal
+    kills this process with the same signal). None when the job should run in this process instead (no
+    server answers, or it refused the job: the reason is on stderr)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as err:
+        print(
+            f"commrl: fork server {path} not reachable ({err.strerror}); running in this process",
+            file=sys.stderr,
+        )
+        sock.close()
+        return None
+    request = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    with sock:
+        streams = [_valid_or_null(fd) for fd in (0, 1, 2)]
+        socket.send_fds(sock, [_HEADER.pack(len(request)) + request], streams)
+        for sent, fd in zip(streams, (0, 1, 2), strict=True):
+            if sent != fd:
+                os.close(sent)
+        reader = sock.makefile("r", encoding="utf-8")
+        first = _read_message(reader)
+        if first is None or "refused" in first:
+            reason = "it closed the connection" if first is None else first["refused"]
+            print(f"commrl: fork server refused the job ({reason}); running in this process", file=sys.stderr)
+            return None
+        pid = int(first["pid"])
+        forwarded = _forward_signals(pid)
+        try:
+            last = _read_message(reader)
+        finally:
+            for signum, handler in forwarded.items():
+                signal.signal(signum, handler)
+    if last is None:  # the server died: the fork's fate is unknown; do not leave it running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        print(f"commrl: the fork server died while job {pid} ran; job killed", file=sys.stderr)
+        return 70
+    code = os.waitstatus_to_exitcode(int(last["status"]))
+    if code < 0:  # killed by a signal: end the same way, so the caller sees what it would without the server
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    return code
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _forward_signals(pid: int) -> dict[int, object]:
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    return {signum: signal.signal(signum, forward) for signum in FORWARDED}
+
+
+def _valid_or_null(fd: int) -> int:
+    """``fd`` if it is open, else a new descriptor on /dev/null (a job started with a stream closed)."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return os.open(os.devnull, os.O_RDWR)
+    return fd
+
+
+def _read_message(reader) -> dict | None:
+    line = reader.readline()
+    return json.loads(line) if line else None
+
+
+# ---------------------------------------------------------------------------------------------- server
+class ForkServer:
+    """Accepts jobs on a Unix socket and runs each as a fork; one thread, a ``select`` loop."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.env = dict(os.environ)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.jobs: dict[int, socket.socket] = {}  # fork pid -> its client's connection
+        self.orphans: set[int] = set()  # forks whose client is gone: killed, not yet reaped
+        self.served = 0
+        self._stop = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    def preload(self, modules: Sequence[str] = PRELOAD) -> tuple[float, list[str]]:
+        """Import ``modules`` and open a throw-away MLflow store (its first open imports alembic and reads
+        the migrations); the seconds it took and the modules that failed to import."""
+        start = time.perf_counter()
+        failed = []
+        for name in modules:
+            module, _, function = name.partition(":")
+            try:
+                loaded = importlib.import_module(module)
+                if function:
+                    getattr(loaded, function)()
+            except Exception:  # any failure: the job imports it itself
+                failed.append(name)
+        _warm_mlflow()
+        if threading.active_count() != 1:
+            names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
+            raise RuntimeError(f"preloading started threads ({names}): forking this process is unsafe")
+        return time.perf_counter() - start, failed
+
+    def serve(self) -> None:
+        """Serve until SIGTERM or SIGINT; then the running jobs get SIGTERM (SIGKILL after 10 s)."""
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        try:
+            while not self._stop:
+                clients = [conn for pid, conn in self.jobs.items() if pid not in self.orphans]
+                readable, _, _ = select.select([self.listener, self._wake_r, *clients], [], [])
+                if self._wake_r in readable:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                if self.listener in readable:
+                    self._accept()
+                for pid, conn in list(self.jobs.items()):
+                    if conn in readable and not conn.recv(1):  # the client is gone (killed outright)
+                        self.orphans.add(pid)
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(pid, signal.SIGKILL)
+                self._reap()
+        finally:
+            self._shutdown()
+
+    def _request_stop(self, signum: int, frame: object) -> None:
+        self._stop = True
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        try:
+            conn.settimeout(10)
+            request, fds = _receive_request(conn)
+            conn.settimeout(None)
+        except (OSError, ValueError) as err:
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"refused": f"bad request: {err}"}).encode() + b"\n")
+            conn.close()
+            return
+        why = import_time_difference(self.env, request["env"])
+        if why is not None:
+            conn.sendall(json.dumps({"refused": f"{why} differs from the server's"}).encode() + b"\n")
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_job(
+                request,
+                fds,
+                close=[self.listener, conn, *self.jobs.values()],
+                close_fds=[self._wake_r, self._wake_w],
+            )
+        for fd in fds:
+            os.close(fd)
+        self.jobs[pid] = conn
+        self.served += 1
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+
+    def _reap(self) -> None:
+        while self.jobs:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.jobs.pop(pid, None)
+            self.orphans.discard(pid)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+                conn.close()
+
+    def _shutdown(self) -> None:
+        for pid in self.jobs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while self.jobs and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.1)
+        for pid in list(self.jobs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        self._reap()
+        self.listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    if len(data) < _HEADER.size or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("expected a length, a JSON request and three descriptors")
+    (length,) = _HEADER.unpack_from(data)
+    body = bytearray(data[_HEADER.size :])
+    while len(body) < length:
+        more = conn.recv(length - len(body))
+        if not more:
+            raise ValueError("request cut short")
+        body += more
+    return json.loads(body), fds
+
+
+def _run_job(request: dict, fds: list[int], close: list[socket.socket], close_fds: list[int]) -> None:
+    """In the fork: become the job's process (its streams, directory, environment, threads), run its
+    command through ``commrl.cli.main``, exit with its status. Never returns."""
+    global _forked
+    code = 1
+    try:
+        _forked = True
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, *FORWARDED):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sock in close:
+            sock.close()
+        for fd in close_fds:
+            os.close(fd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own streams
+        sys.stdout = open(1, "w", encoding="utf-8", buffering=1 if os.isatty(1) else -1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = ["commrl", *request["argv"]]
+        _apply_threads(request["env"])
+        from commrl.cli.main import main
+
+        code = int(main(request["argv"]) or 0)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, int | None):
+            print(stop.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    except BaseException:  # the job's crash, printed as the interpreter would
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _apply_threads(env: Mapping[str, str]) -> None:
+    """The job's thread count (OMP_NUM_THREADS), which the server's OpenMP read once at its own start."""
+    value = env.get("OMP_NUM_THREADS")
+    torch = sys.modules.get("torch")
+    if torch is not None and value and value.isdigit() and int(value) > 0:
+        torch.set_num_threads(int(value))
+
+
+def _warm_mlflow() -> None:
+    """Open an MLflow store in a temporary folder and let it go: the jobs' first open is then fast."""
+    if "mlflow" not in sys.modules:
+        return
+    from commrl import tracking
+
+    with tempfile.TemporaryDirectory(prefix="commrl-warm-") as tmp:
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        with contextlib.suppress(Exception):
+            tracking.client(uri).search_experiments()
+            store = tracking.client(uri)._tracking_client.store
+            store.engine.dispose()
+
+
+def in_fork() -> bool:
+    """Whether this process is a job the server forked."""
+    return _forked
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+def serve(path: str) -> int:
+    """``commrl forkserver serve PATH``: bind, preload, serve until SIGTERM."""
+    server = ForkServer(path)
+    try:
+        seconds, failed = server.preload()
+    except BaseException:
+        server.listener.close()
+        os.unlink(path)  # clients that find no server run in their own process
+        raise
+    skipped = f"; not preloaded: {', '.join(failed)}" if failed else ""
+    print(f"commrl forkserver: ready in {seconds:.1f} s at {path}{skipped}", file=sys.stderr, flush=True)
+    server.serve()
+    print(f"commrl forkserver: stopped after {server.served} jobs", file=sys.stderr, flush=True)
+    return 0
+
+
+def run_with_server(command: Sequence[str], startup_timeout_s: float = 60.0) -> int:
+    """Run ``command`` with a fork server up (its socket in ``COMMRL_FORKSERVER``); stop the server by its
+    process id when the command ends. The command's exit status."""
+    folder = Path(tempfile.mkdtemp(prefix="commrl-fork-"))
+    path = str(folder / "socket")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "commrl.cli.main", "forkserver", "serve", path], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while not os.path.exists(path):
+            if server.poll() is not None or time.monotonic() > deadline:
+                print("commrl forkserver: the server did not start; running without it", file=sys.stderr)
+                path = ""
+                break
+            time.sleep(0.05)
+        env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
+        if path:
+            env[ENV_VAR] = path
+        proc = subprocess.Popen(list(command), env=env)
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+        try:
+            while True:
+                try:
+                    return proc.wait()
+                except KeyboardInterrupt:  # the terminal's SIGINT reached the command too; wait for it
+                    continue
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
