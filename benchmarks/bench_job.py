@@ -9,6 +9,10 @@ the imports. Arms alternate, so a busy machine slows both alike; the ratio is of
     .venv/bin/python benchmarks/bench_job.py                           # the tiny pair's default, 2 repeats
     .venv/bin/python benchmarks/bench_job.py --arm vllm=sampler.backend=vllm --arm hf=sampler.backend=hf
     .venv/bin/python benchmarks/bench_job.py --condition dense --repeat 3 --out results/benchmarks/job.json
+    .venv/bin/python benchmarks/bench_job.py --forkserver     # each arm also as a fork (`make pipeline`)
+
+With ``--forkserver`` every arm also runs as a job of a fork server (``commrl.run.forkserver``, what `make
+pipeline` runs under), arm ``NAME+fork``: its start-up is the client's and the fork's, not the imports.
 
 Needs the tiny base model and the toy data:
 `snakemake --cores 2 results/models/tiny-base/base_accuracy.json`.
@@ -17,6 +21,7 @@ Needs the tiny base model and the toy data:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -24,14 +29,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from commrl.run import forkserver
 
 REPO = Path(__file__).resolve().parents[1]
 START_UP = "start_up"  # interpreter start and imports: the job's wall time the trainer did not measure
 
 
 def start_job(
-    overrides: list[str], condition: str, out: Path, *, threads: int = 1, seed: int = 0
+    overrides: list[str],
+    condition: str,
+    out: Path,
+    *,
+    threads: int = 1,
+    seed: int = 0,
+    server: str | None = None,
 ) -> tuple[subprocess.Popen, float]:
     """Start one `commrl train` process (as a Snakemake job runs it); the process and its start time."""
     cmd = [
@@ -48,6 +62,9 @@ def start_job(
         *overrides,
     ]
     env = {**os.environ, "COMMRL_NO_PROGRESS": "1", "OMP_NUM_THREADS": str(threads)}
+    env.pop(forkserver.ENV_VAR, None)
+    if server:
+        env[forkserver.ENV_VAR] = server
     out.parent.mkdir(parents=True, exist_ok=True)
     with (out.parent / "log").open("w") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -65,9 +82,33 @@ def finish_job(proc: subprocess.Popen, started: float, out: Path) -> dict[str, f
     return {START_UP: wall - sum(phases.values()), **phases, "wall": wall}
 
 
-def run_job(overrides: list[str], condition: str, out: Path) -> dict[str, float]:
+def run_job(overrides: list[str], condition: str, out: Path, server: str | None = None) -> dict[str, float]:
     """One `commrl train` process, one thread; its phase seconds plus ``start_up`` and ``wall``."""
-    return finish_job(*start_job(overrides, condition, out), out)
+    return finish_job(*start_job(overrides, condition, out, server=server), out)
+
+
+@contextlib.contextmanager
+def fork_server(folder: Path) -> Iterator[str]:
+    """A fork server (``commrl forkserver serve``), preloaded; its socket path."""
+    path = str(folder / "socket")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commrl.cli.main", "forkserver", "serve", path],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in proc.stderr:
+            if line.startswith("commrl forkserver: ready"):
+                print(line.strip(), file=sys.stderr)
+                break
+        else:
+            raise SystemExit("the fork server did not start")
+        yield path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def medians(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -96,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--condition", default="method")
     parser.add_argument("--repeat", type=int, default=2, help="runs per arm (median)")
     parser.add_argument("--out", type=Path, default=None, help="JSON of every run and the medians")
+    parser.add_argument(
+        "--forkserver", action="store_true", help="also run every arm through a fork server (NAME+fork)"
+    )
     args = parser.parse_args(argv)
     arms = {"default": []}
     if args.arm:
@@ -103,12 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         for spec in args.arm:
             name, _, overrides = spec.partition("=")
             arms[name] = [o for o in overrides.split(",") if o]
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
-    with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp, contextlib.ExitStack() as stack:
+        server = stack.enter_context(fork_server(Path(tmp))) if args.forkserver else None
+        variants = [(name, overrides, None) for name, overrides in arms.items()]
+        if server:
+            variants = [v for name, o, _ in variants for v in ((name, o, None), (f"{name}+fork", o, server))]
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in variants}
         for k in range(args.repeat):
-            for name, overrides in arms.items():
+            for name, overrides, socket_path in variants:
                 out = Path(tmp) / f"{name}-{k}" / "run"
-                runs[name].append(run_job(overrides, args.condition, out))
+                runs[name].append(run_job(overrides, args.condition, out, socket_path))
                 print(f"[{name} #{k}] wall {runs[name][-1]['wall']:.1f} s", file=sys.stderr)
     table = {name: medians(r) for name, r in runs.items()}
     print(f"{args.condition}, tiny pair, one thread, medians of {args.repeat} run(s) per arm:")

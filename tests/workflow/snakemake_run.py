@@ -69,9 +69,12 @@ class Workflow:
         env.pop("COMMRL_RESULTS", None)
         return env
 
-    def snakemake(self, *args: str, timeout: float = 120) -> Result:
+    def snakemake(self, *args: str, timeout: float = 120, forkserver: bool = False) -> Result:
+        """``snakemake ARGS``; ``forkserver``: under ``commrl forkserver run --`` (as `make pipeline`)."""
         config = ["--configfile", self.configfile] if self.configfile else []
         cmd = [sys.executable, "-m", "snakemake", *args, *config]
+        if forkserver:
+            cmd = [sys.executable, "-m", "commrl.cli.main", "forkserver", "run", "--", *cmd]
         proc = subprocess.run(
             cmd, cwd=self.root, env=self.env(), capture_output=True, text=True, timeout=timeout
         )

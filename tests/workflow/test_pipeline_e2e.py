@@ -1,7 +1,8 @@
 """The default pipeline for real: `snakemake --cores 2` on the tiny pair, from nothing to the report.
 
 One run of the whole DAG (data, base policy, five training runs of one seed, evaluations, the Optuna sweep,
-the report) in a private copy of the workflow; the tests below read what it produced. This is the check CI
+the report) in a private copy of the workflow, under the fork server as `make pipeline` runs it; the tests
+below read what it produced. This is the check CI
 relies on for the tiny pipeline end to end (marker ``e2e``; ~7 minutes on 2 cores).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 import yaml
@@ -52,8 +54,11 @@ def pipeline(tmp_path_factory) -> Workflow:
     (wf.root / "configs/sweep/e2e.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
     config["pairs"]["tiny"]["sweep"]["config"] = "configs/sweep/e2e.yaml"
     wf.configfile = wf.write_config(config, "one-seed.yaml")
-    result = wf.snakemake("--cores", "2", timeout=2400)
+    result = wf.snakemake("--cores", "2", timeout=2400, forkserver=True)  # as `make pipeline` runs it
     assert result.returncode == 0, result.output[-5000:]
+    served = int(re.search(r"commrl forkserver: stopped after (\d+) jobs", result.output).group(1))
+    steps = int(re.findall(r"(\d+) of \d+ steps \(100%\) done", result.output)[-1])
+    assert served == steps - 1, result.output[-3000:]  # every job but `all` ran as a fork of the server
     return wf
 
 

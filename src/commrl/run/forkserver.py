@@ -187,7 +187,8 @@ def _read_message(reader) -> dict | None:
 
 # ---------------------------------------------------------------------------------------------- server
 class ForkServer:
-    """Accepts jobs on a Unix socket and runs each as a fork; one thread, a ``select`` loop."""
+    """Accepts jobs on a Unix socket and runs each as a fork; one thread, a ``select`` loop. Jobs are served
+    from the start, between the imports of ``preload`` too (the first jobs need little of it)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -201,13 +202,20 @@ class ForkServer:
         self._stop = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
 
     def preload(self, modules: Sequence[str] = PRELOAD) -> tuple[float, list[str]]:
-        """Import ``modules`` and open a throw-away MLflow store (its first open imports alembic and reads
-        the migrations); the seconds it took and the modules that failed to import."""
+        """Import ``modules`` (serving the jobs that arrive meanwhile) and open a throw-away MLflow store
+        (its first open imports alembic and reads the migrations); the seconds it took and the entries
+        that failed."""
         start = time.perf_counter()
         failed = []
         for name in modules:
+            if self._stop:
+                break
             module, _, function = name.partition(":")
             try:
                 loaded = importlib.import_module(module)
@@ -215,35 +223,33 @@ class ForkServer:
                     getattr(loaded, function)()
             except Exception:  # any failure: the job imports it itself
                 failed.append(name)
+            self.poll(timeout=0)
         _warm_mlflow()
-        if threading.active_count() != 1:
-            names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
-            raise RuntimeError(f"preloading started threads ({names}): forking this process is unsafe")
         return time.perf_counter() - start, failed
 
     def serve(self) -> None:
         """Serve until SIGTERM or SIGINT; then the running jobs get SIGTERM (SIGKILL after 10 s)."""
-        signal.set_wakeup_fd(self._wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, self._request_stop)
-        signal.signal(signal.SIGINT, self._request_stop)
         try:
             while not self._stop:
-                clients = [conn for pid, conn in self.jobs.items() if pid not in self.orphans]
-                readable, _, _ = select.select([self.listener, self._wake_r, *clients], [], [])
-                if self._wake_r in readable:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                if self.listener in readable:
-                    self._accept()
-                for pid, conn in list(self.jobs.items()):
-                    if conn in readable and not conn.recv(1):  # the client is gone (killed outright)
-                        self.orphans.add(pid)
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(pid, signal.SIGKILL)
-                self._reap()
+                self.poll(timeout=None)
         finally:
             self._shutdown()
+
+    def poll(self, timeout: float | None) -> None:
+        """One turn of the loop: accept a job, kill the forks of vanished clients, reap finished forks."""
+        clients = [conn for pid, conn in self.jobs.items() if pid not in self.orphans]
+        readable, _, _ = select.select([self.listener, self._wake_r, *clients], [], [], timeout)
+        if self._wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+        if self.listener in readable:
+            self._accept()
+        for pid, conn in list(self.jobs.items()):
+            if conn in readable and not conn.recv(1):  # the client is gone (killed outright)
+                self.orphans.add(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        self._reap()
 
     def _request_stop(self, signum: int, frame: object) -> None:
         self._stop = True
@@ -261,7 +267,12 @@ class ForkServer:
             return
         why = import_time_difference(self.env, request["env"])
         if why is not None:
-            conn.sendall(json.dumps({"refused": f"{why} differs from the server's"}).encode() + b"\n")
+            why = f"{why} differs from the server's"
+        elif threading.active_count() != 1:  # a library started a thread: a fork would lose its locks' owner
+            names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
+            why = f"the server runs threads ({names})"
+        if why is not None:
+            conn.sendall(json.dumps({"refused": why}).encode() + b"\n")
             conn.close()
             for fd in fds:
                 os.close(fd)
