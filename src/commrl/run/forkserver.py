@@ -11,6 +11,9 @@ and SIGTERM: a preemption warning; SIGINT) to the fork, waits, and ends the way 
 status, or the same signal), so Snakemake, ``preemptible.sh`` and a user's ``kill`` see what they would see
 without the server. If the client is killed outright (SIGKILL), the server kills the fork's process group.
 
+The server collects no garbage and freezes what it imported before each fork (``gc.freeze``, Python's
+advice for a fork without exec): the forks' collections then neither traverse nor copy those objects.
+
 A job runs in its own process instead (the client says why on stderr) when no server answers, inside a
 Slurm job (its allocation, cgroup and signals belong to that process tree), or when its environment
 differs from the server's in a variable read at import time (``import_time_difference``): a fork would
@@ -22,6 +25,7 @@ carry the server's value.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -193,6 +197,7 @@ class ForkServer:
     def __init__(self, path: str):
         self.path = path
         self.env = dict(os.environ)
+        gc.disable()  # no collections in the server: they would leave freed holes in pages the forks share
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(64)
@@ -279,6 +284,7 @@ class ForkServer:
             return
         sys.stdout.flush()
         sys.stderr.flush()
+        gc.freeze()  # the preloaded objects: out of the forks' collections (else traversed and copied)
         pid = os.fork()
         if pid == 0:
             _run_job(
@@ -323,6 +329,8 @@ class ForkServer:
         self.listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+        gc.unfreeze()  # the interpreter's own exit collects them (extension modules count what is left)
+        gc.enable()
 
 
 def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -348,6 +356,7 @@ def _run_job(request: dict, fds: list[int], close: list[socket.socket], close_fd
     code = 1
     try:
         _forked = True
+        gc.enable()
         os.setpgid(0, 0)
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGTERM, *FORWARDED):
