@@ -29,6 +29,7 @@ def test_a_job_through_the_server_prints_and_exits_as_in_its_own_process(server,
         ("train", "--cfg", "pair=tiny", "condition=dense"),  # exit 0, the resolved config on stdout
         ("train", "pair=tiny", "rl.ticks=0"),  # a ConfigError: exit 2, the message on stderr
         ("prepare", "--dataset", "nope", "--out", "x"),  # argparse's SystemExit(2) inside the fork
+        ("eval", "--help"),  # SystemExit(0), the help on stdout
     ):
         alone = commrl(*args, env=direct_env(), cwd=tmp_path)
         forked = commrl(*args, env=server.env(), cwd=tmp_path)
@@ -37,7 +38,7 @@ def test_a_job_through_the_server_prints_and_exits_as_in_its_own_process(server,
             alone.stdout,
             alone.stderr,
         ), args
-    assert server.stop() == 3
+    assert server.stop() == 4
 
 
 def test_the_job_runs_in_its_callers_directory_and_environment(server, tmp_path):

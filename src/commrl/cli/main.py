@@ -82,7 +82,7 @@ def _through_fork_server(argv: list[str]) -> int | None:
     path = os.environ.get(forkserver.ENV_VAR)
     if not path or os.environ.get("SLURM_JOB_ID"):
         return None
-    if argv[0] not in forkserver.FORKABLE or forkserver.in_fork() or "-h" in argv or "--help" in argv:
+    if argv[0] not in forkserver.FORKABLE or forkserver.in_fork():
         return None
     return forkserver.submit(path, argv)
 
