@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from commrl.run import forkserver
@@ -87,30 +86,6 @@ def run_job(overrides: list[str], condition: str, out: Path, server: str | None 
     return finish_job(*start_job(overrides, condition, out, server=server), out)
 
 
-@contextlib.contextmanager
-def fork_server(folder: Path) -> Iterator[str]:
-    """A fork server (``commrl forkserver serve``), preloaded; its socket path."""
-    path = str(folder / "socket")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "commrl.cli.main", "forkserver", "serve", path],
-        cwd=REPO,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        for line in proc.stderr:
-            if line.startswith("commrl forkserver: ready"):
-                print(line.strip(), file=sys.stderr)
-                break
-        else:
-            raise SystemExit("the fork server did not start")
-        yield path
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
 def medians(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
@@ -148,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
             name, _, overrides = spec.partition("=")
             arms[name] = [o for o in overrides.split(",") if o]
     with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp, contextlib.ExitStack() as stack:
-        server = stack.enter_context(fork_server(Path(tmp))) if args.forkserver else None
+        server = None
+        if args.forkserver:
+            process = stack.enter_context(forkserver.ServerProcess(cwd=REPO))
+            if not process.wait(ready=True):  # no measured job forks from a half-loaded server
+                raise SystemExit("the fork server did not start")
+            server = process.path
         variants = [(name, overrides, None) for name, overrides in arms.items()]
         if server:
             variants = [v for name, o, _ in variants for v in ((name, o, None), (f"{name}+fork", o, server))]

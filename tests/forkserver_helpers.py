@@ -5,46 +5,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from commrl.run import forkserver
 
-SERVE = (
-    "import sys\n"
-    "from commrl.run.forkserver import ForkServer\n"
-    "server = ForkServer(sys.argv[1])\n"
-    "server.preload(sys.argv[2:])\n"
-    "print('ready', flush=True)\n"
-    "server.serve()\n"
-    "print('served', server.served, flush=True)\n"
-)
 
-
-class Server:
-    """A fork server in a subprocess; ``stop()`` returns how many jobs it forked."""
+class Server(forkserver.ServerProcess):
+    """A real fork server (``commrl forkserver serve --preload ...``), preloaded before the test goes on."""
 
     def __init__(self, preload: tuple[str, ...] = ("commrl.rl.config",)):
-        self.folder = tempfile.mkdtemp(prefix="fs-")  # a Unix socket's path must stay under ~100 bytes
-        self.path = os.path.join(self.folder, "socket")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, self.path, *preload],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        assert self.proc.stdout.readline().strip() == "ready"
+        super().__init__(preload)
+        assert self.wait(ready=True), "the fork server did not start"
 
     def env(self, **extra: str) -> dict[str, str]:
         """An environment whose ``commrl`` jobs go to this server (``extra`` added)."""
         env = {k: v for k, v in direct_env().items() if k != "SLURM_JOB_ID"}
         return {**env, forkserver.ENV_VAR: self.path, **extra}
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        out, _ = self.proc.communicate(timeout=30)
-        os.rmdir(self.folder)
-        return int(out.split()[-1])
 
 
 def direct_env() -> dict[str, str]:

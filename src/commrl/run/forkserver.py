@@ -46,6 +46,10 @@ from pathlib import Path
 ENV_VAR = "COMMRL_FORKSERVER"
 """The server's socket path, set by ``run_with_server`` for the command it runs."""
 
+READY = "commrl forkserver: ready"
+STOPPED = "commrl forkserver: stopped after"
+"""What the server says on stderr when its preload is done, and when it stops (``... after N jobs``)."""
+
 FORKABLE = frozenset({"init-store", "prepare", "pretrain", "train", "eval", "sweep", "report", "compare"})
 """Commands that may run as a fork (``verl-train`` never does: it starts Ray and verl's workers)."""
 
@@ -184,6 +188,15 @@ def _valid_or_null(fd: int) -> int:
     return fd
 
 
+def _refuse(conn: socket.socket, why: str, fds: Sequence[int] = ()) -> None:
+    """Tell the client to run its job in its own process (``why`` goes to its stderr); close what it sent."""
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"refused": why}).encode() + b"\n")
+    conn.close()
+    for fd in fds:
+        os.close(fd)
+
+
 def _read_message(reader) -> dict | None:
     line = reader.readline()
     return json.loads(line) if line else None
@@ -266,9 +279,7 @@ class ForkServer:
             request, fds = _receive_request(conn)
             conn.settimeout(None)
         except (OSError, ValueError) as err:
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"refused": f"bad request: {err}"}).encode() + b"\n")
-            conn.close()
+            _refuse(conn, f"bad request: {err}")
             return
         why = import_time_difference(self.env, request["env"])
         if why is not None:
@@ -277,10 +288,7 @@ class ForkServer:
             names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
             why = f"the server runs threads ({names})"
         if why is not None:
-            conn.sendall(json.dumps({"refused": why}).encode() + b"\n")
-            conn.close()
-            for fd in fds:
-                os.close(fd)
+            _refuse(conn, why, fds)
             return
         sys.stdout.flush()
         sys.stderr.flush()
@@ -424,41 +432,95 @@ def in_fork() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- launcher
-def serve(path: str) -> int:
-    """``commrl forkserver serve PATH``: bind, preload, serve until SIGTERM."""
+def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
+    """``commrl forkserver serve PATH``: bind, import ``preload``, say ``READY``, serve until SIGTERM."""
     server = ForkServer(path)
     try:
-        seconds, failed = server.preload()
+        seconds, failed = server.preload(preload)
     except BaseException:
         server.listener.close()
         os.unlink(path)  # clients that find no server run in their own process
         raise
     skipped = f"; not preloaded: {', '.join(failed)}" if failed else ""
-    print(f"commrl forkserver: ready in {seconds:.1f} s at {path}{skipped}", file=sys.stderr, flush=True)
+    print(f"{READY} in {seconds:.1f} s at {path}{skipped}", file=sys.stderr, flush=True)
     server.serve()
-    print(f"commrl forkserver: stopped after {server.served} jobs", file=sys.stderr, flush=True)
+    print(f"{STOPPED} {server.served} jobs", file=sys.stderr, flush=True)
     return 0
+
+
+class ServerProcess:
+    """``commrl forkserver serve`` in a subprocess (a session of its own), on a socket in a fresh temporary
+    folder; stopped by its process id. Its stderr is relayed to this process's, line by line.
+
+        server = ServerProcess()            # or ServerProcess(preload=("commrl.rl.config",))
+        server.wait(ready=True)             # False: up to the socket (jobs are served between the imports)
+        ... jobs with COMMRL_FORKSERVER=server.path ...
+        served = server.stop()              # how many jobs it forked
+    """
+
+    def __init__(self, preload: Sequence[str] | None = None, cwd: str | Path | None = None):
+        self.folder = Path(tempfile.mkdtemp(prefix="commrl-fork-"))  # a socket path must stay < ~100 bytes
+        self.path = str(self.folder / "socket")
+        command = [sys.executable, "-m", "commrl.cli.main", "forkserver", "serve", self.path]
+        if preload is not None:
+            command += ["--preload", *preload]
+        self.proc = subprocess.Popen(
+            command, cwd=cwd, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        self.ready = threading.Event()
+        self.served: int | None = None
+        self._relay = threading.Thread(target=self._relay_stderr, daemon=True)
+        self._relay.start()
+
+    def _relay_stderr(self) -> None:
+        for line in self.proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if line.startswith(READY):
+                self.ready.set()
+            elif line.startswith(STOPPED):
+                self.served = int(line.split()[-2])
+
+    def wait(self, ready: bool = False, timeout_s: float = 60.0) -> bool:
+        """Wait for the socket (``ready``: for the end of the preload); False if the server died or took
+        longer than ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.ready.is_set() if ready else os.path.exists(self.path)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM (SIGKILL after ``timeout_s``), then the folder is removed; the jobs it forked (None if it
+        never said)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._relay.join(timeout=timeout_s)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return self.served
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def run_with_server(command: Sequence[str], startup_timeout_s: float = 60.0) -> int:
     """Run ``command`` with a fork server up (its socket in ``COMMRL_FORKSERVER``); stop the server by its
     process id when the command ends. The command's exit status."""
-    folder = Path(tempfile.mkdtemp(prefix="commrl-fork-"))
-    path = str(folder / "socket")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "commrl.cli.main", "forkserver", "serve", path], start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while not os.path.exists(path):
-            if server.poll() is not None or time.monotonic() > deadline:
-                print("commrl forkserver: the server did not start; running without it", file=sys.stderr)
-                path = ""
-                break
-            time.sleep(0.05)
+    with ServerProcess() as server:
         env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
-        if path:
-            env[ENV_VAR] = path
+        if server.wait(timeout_s=startup_timeout_s):
+            env[ENV_VAR] = server.path
+        else:
+            print("commrl forkserver: the server did not start; running without it", file=sys.stderr)
         proc = subprocess.Popen(list(command), env=env)
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
         try:
@@ -469,12 +531,3 @@ def run_with_server(command: Sequence[str], startup_timeout_s: float = 60.0) -> 
                     continue
         finally:
             signal.signal(signal.SIGTERM, previous)
-    finally:
-        if server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
