@@ -89,3 +89,11 @@ def test_run_with_server_gives_the_commands_status_and_stops_the_server(tmp_path
     assert forkserver.run_with_server([sys.executable, "-c", script]) == 5
     socket_path = probe.read_text()
     assert socket_path and not os.path.exists(socket_path)  # the server stopped and its folder is gone
+
+
+def test_a_server_that_dies_in_its_preload_is_not_ready_and_leaves_nothing_behind():
+    server = forkserver.ServerProcess(preload=("sys:exit",))  # SystemExit is not a skipped import failure
+    assert not server.wait(ready=True, timeout_s=60)
+    assert server.proc.poll() is not None
+    assert server.stop() is None  # it never said how many jobs it served
+    assert not server.folder.exists()
