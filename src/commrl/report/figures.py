@@ -329,7 +329,7 @@ def async_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> Figu
     )
 
 
-def _whiskers(intervals: list[Interval | None]) -> tuple[np.ndarray, np.ndarray]:
+def whiskers(intervals: Sequence[Interval | None]) -> tuple[np.ndarray, np.ndarray]:
     """Bar heights (the estimates, NaN where None) and ``yerr`` rows ``[mean - low, high - mean]`` (0 where
     there is no interval)."""
     mean = np.array([np.nan if i is None else i.estimate for i in intervals])
@@ -362,7 +362,7 @@ def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> 
     seeds = {}
     for i, condition in enumerate(conditions):
         per = [scores[b].get(condition, []) for b in scores]
-        mean, err = _whiskers([mean_interval(v) if v else None for v in per])
+        mean, err = whiskers([mean_interval(v) if v else None for v in per])
         seeds[condition] = max(len(v) for v in per)
         ax.bar(
             x + (i - (len(conditions) - 1) / 2) * width,
@@ -405,7 +405,7 @@ def best_validation_figure(runs: PairRuns, colours: dict[str, str], out_dir: Pat
     fig = Figure(figsize=(max(5.0, 1.6 * len(found) + 2), 4.4), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(found))
-    mean, err = _whiskers(intervals)
+    mean, err = whiskers(intervals)
     bars = ax.bar(x, mean, 0.6, color=[colours[c] for c in found], yerr=err, capsize=3)
     labels = [
         f"{format_interval(i, '.3f')}\n@ tick {t[0] if len(t) == 1 else f'{t[0]}-{t[-1]}'}"

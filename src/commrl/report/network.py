@@ -27,7 +27,7 @@ from commrl.netmodel.analysis import BOUNDS, DENSE, NetworkResult, crossover, ev
 from commrl.netmodel.config import NetmodelConfig, config_dir, load_config, pair_inputs
 from commrl.netmodel.cost import Crossover
 from commrl.netmodel.links import Link, NetModelError, named_link
-from commrl.report.figures import DPI, FigureResult, file_name
+from commrl.report.figures import DPI, FigureResult, file_name, whiskers
 from commrl.report.runs import PairRuns
 from commrl.report.stats import Interval
 from commrl.report.tables import Cell, Table
@@ -300,7 +300,7 @@ def target_figure(result: NetworkResult, out_dir: Path, colours: dict[str, str])
         for i, condition in enumerate(pi.conditions):
             times = [r.target[condition] for r in rows[overlap]]
             intervals = [t.interval() for t in times]
-            mean, err = _whiskers(intervals)
+            mean, err = whiskers(intervals)
             heights += [*mean, *(mean + err[1])]
             offset = (i - 0.5) * width
             bars = ax.bar(
@@ -339,16 +339,6 @@ def target_figure(result: NetworkResult, out_dir: Path, colours: dict[str, str])
     _save(fig, out_dir / file)
     caption += f" Target: {result.target.describe()}. Compute: {pi.compute_note}."
     return FigureResult(file, pi.pair, TARGET_FIGURE, title, caption, True)
-
-
-def _whiskers(intervals: Sequence[Interval | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Bar heights (NaN where None) and ``yerr`` rows ``[mean - low, high - mean]`` (0 without interval)."""
-    mean = np.array([np.nan if i is None else i.estimate for i in intervals])
-    err = np.zeros((2, len(intervals)))
-    for j, i in enumerate(intervals):
-        if i is not None and i.low is not None and i.high is not None:
-            err[:, j] = (i.estimate - i.low, i.high - i.estimate)
-    return mean, err
 
 
 def links_table(result: NetworkResult) -> Table:
