@@ -18,6 +18,7 @@ from PIL import Image
 from snakemake_run import Workflow
 
 from commrl import tracking
+from commrl.run import forkserver
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +57,7 @@ def pipeline(tmp_path_factory) -> Workflow:
     wf.configfile = wf.write_config(config, "one-seed.yaml")
     result = wf.snakemake("--cores", "2", timeout=2400, forkserver=True)  # as `make pipeline` runs it
     assert result.returncode == 0, result.output[-5000:]
-    served = int(re.search(r"commrl forkserver: stopped after (\d+) jobs", result.output).group(1))
+    served = forkserver.served_jobs(result.output)
     steps = int(re.findall(r"(\d+) of \d+ steps \(100%\) done", result.output)[-1])
     assert served == steps - 1, result.output[-3000:]  # every job but `all` ran as a fork of the server
     return wf

@@ -29,6 +29,7 @@ import gc
 import importlib
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -106,6 +107,13 @@ IMPORT_TIME_PREFIXES = (
 
 _HEADER = struct.Struct("!I")
 _forked = False  # True in a job the server forked: its commrl.cli.main runs the command in this process
+
+
+def served_jobs(text: str) -> int | None:
+    """How many jobs the server forked, from the last ``STOPPED`` line in ``text`` (its stderr or a
+    command's output); None if it never said."""
+    counts = re.findall(rf"^{re.escape(STOPPED)} (\d+) jobs$", text, flags=re.MULTILINE)
+    return int(counts[-1]) if counts else None
 
 
 def import_time_difference(server_env: Mapping[str, str], job_env: Mapping[str, str]) -> str | None:
@@ -478,8 +486,8 @@ class ServerProcess:
             sys.stderr.flush()
             if line.startswith(READY):
                 self.ready.set()
-            elif line.startswith(STOPPED):
-                self.served = int(line.split()[-2])
+            elif (served := served_jobs(line)) is not None:
+                self.served = served
 
     def wait(self, ready: bool = False, timeout_s: float = 60.0) -> bool:
         """Wait for the socket (``ready``: for the end of the preload); False if the server died or took
