@@ -217,13 +217,68 @@ def test_grad_cosine_is_one_for_the_identity_codec_and_alpha_one():
 
 
 def test_grad_cosine_off_needs_no_codec_replay_and_logs_none():
-    model, ctrl, opt = make(MethodConfig(rank=8, cadence=2, grad_cosine=False))
+    model, ctrl, opt = make(MethodConfig(rank=8, cadence=2, grad_cosine_every=0))
     ctrl.fire(dense_replay_fn(model, opt, 0))
     metrics = ctrl.end_tick()
     assert "anchor/grad_cosine_raw" not in metrics and "anchor/projection_distance" in metrics
     _, on, _ = make(MethodConfig(rank=8, cadence=2))
     with pytest.raises(ValueError, match="codec_replay"):
         on.fire(dense_replay_fn(model, opt, 0))
+
+
+@pytest.mark.parametrize(
+    ("cadence", "every", "measured"),
+    [
+        (2, 10, [0, 10, 20, 30]),  # the tiny pair: 4 of its 20 fires
+        (3, 10, [0, 12, 21, 30]),  # the first fire at or after each multiple of 10
+        (5, 10, [0, 10, 20, 30]),
+        (10, 10, [0, 10, 20, 30]),
+        (20, 10, [0, 20]),  # every <= cadence: every fire
+        (2, 1, list(range(0, 40, 2))),
+        (2, 0, []),
+    ],
+)
+def test_grad_cosine_due_picks_one_fire_per_window_of_ticks(cadence, every, measured):
+    cfg = MethodConfig(cadence=cadence, grad_cosine_every=every)
+    fires = range(0, 40, cadence)
+    assert [t for t in fires if cfg.grad_cosine_due(t)] == measured
+
+
+def test_skipped_cosine_fires_change_nothing_but_the_cosines():
+    """grad_cosine_every = 4 at K = 2: the codec replay runs at fires 0 and 4 only, a fire in between needs
+    none, and every other metric and the weights equal those of a run measuring every fire."""
+    runs = {}
+    for every in (1, 4):
+        model, ctrl, opt = make(MethodConfig(rank=8, cadence=2, alpha=0.5, grad_cosine_every=every))
+        replays, log = [], []
+        for t in range(6):
+            if ctrl.is_fire_tick():
+                codec = codec_replay_fn(model, ctrl, opt, t)
+
+                def counted(codec=codec, t=t, replays=replays):
+                    replays.append(t)
+                    codec()
+
+                ctrl.fire(dense_replay_fn(model, opt, t), counted if every == 1 or t != 2 else None)
+                opt.step()
+            else:
+                for j, (ids, mask) in enumerate(tick_batch(t)):
+                    opt.zero_grad()
+                    with ctrl.compressed(microbatch_id=j, token_mask=mask):
+                        lm_loss(model, ids, mask).backward()
+                    ctrl.compress_gradients()
+                    opt.step()
+            log.append(ctrl.end_tick())
+        runs[every] = (replays, log, {k: v.clone() for k, v in model.state_dict().items()})
+    (all_replays, all_log, all_weights), (few_replays, few_log, few_weights) = runs[1], runs[4]
+    assert all_replays == [0, 2, 4] and few_replays == [0, 4]
+    cosines = ("anchor/grad_cosine_raw", "anchor/grad_cosine_corrected")
+    assert [all(k in m for k in cosines) for m in few_log] == [True, False, False, False, True, False]
+    for every_fire, some_fires in zip(all_log, few_log, strict=True):
+        rest = {k: v for k, v in every_fire.items() if k not in cosines}
+        assert rest == {k: v for k, v in some_fires.items() if k not in cosines}
+        assert all(some_fires[k] == every_fire[k] for k in cosines if k in some_fires)
+    assert all(torch.equal(all_weights[k], few_weights[k]) for k in all_weights)
 
 
 @pytest.mark.parametrize("alpha", [0.25, 0.75, 1.0])

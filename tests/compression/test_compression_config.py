@@ -19,12 +19,12 @@ def test_defaults_follow_method_md():
     )
     assert (cfg.alpha, cfg.beta, cfg.projection_scale, cfg.kl_ref_forward) == (0.25, 0.25, 1.0, "codec")
     # the readings keep today's behaviour by default (method.md §2, §4)
-    assert (cfg.points, cfg.sign_scope, cfg.prf_keep, cfg.fast_step, cfg.grad_cosine) == (
+    assert (cfg.points, cfg.sign_scope, cfg.prf_keep, cfg.fast_step, cfg.grad_cosine_every) == (
         "all",
         "all",
         None,
         True,
-        True,
+        1,
     )
     assert cfg.effective_delay() == 20 and cfg.effective_grad_rank() == 77
     assert cfg.keep_prob(1536) == pytest.approx(77 / 1536)
@@ -57,7 +57,9 @@ def test_defaults_follow_method_md():
         ("points", "every", "all, boundaries"),
         ("sign_scope", "dense", "all, compressed"),
         ("fast_step", 0, "true or false"),
-        ("grad_cosine", "on", "true or false"),
+        ("grad_cosine_every", -1, "integer >= 0"),
+        ("grad_cosine_every", True, "1: every fire, 0: never"),
+        ("grad_cosine_every", 2.5, "integer >= 0"),
     ],
 )
 def test_bad_values_name_the_field(field, value, fragment):

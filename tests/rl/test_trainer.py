@@ -216,7 +216,12 @@ def test_fire_metrics_are_logged_and_fast_step_false_moves_the_weights_on_fires_
 
     # anchor_only = method.fast_step=false; the random policy scores 0 (zero advantages), so weight decay
     # is what makes an AdamW step visible in the weights
-    extra = ("condition=anchor_only", "tracking.enabled=false", "rl.weight_decay=0.1")
+    extra = (
+        "condition=anchor_only",
+        "tracking.enabled=false",
+        "rl.weight_decay=0.1",
+        "method.grad_cosine_every=1",
+    )
     cfg = load_train_config(
         [*overrides(small_model, toy_data, tmp_path / "run", "", *extra), "rl.ticks=3", "rl.read_at=3"]
     )
@@ -244,6 +249,44 @@ def test_fire_metrics_are_logged_and_fast_step_false_moves_the_weights_on_fires_
         table = {row["step"]: row for row in map(json.loads, fh)}
     assert table[1]["anchor/projection_distance"] == fires[0]["anchor/projection_distance"]
     assert table[3]["anchor/basis_overlap"] == fires[1]["anchor/basis_overlap"]
+
+
+def test_cosine_diagnostic_on_fewer_fires_changes_only_the_cosines(tmp_path, toy_data, small_model):
+    """method.grad_cosine_every = 4 at K = 2 (fires 0, 2, 4): the codec replay runs at ticks 0 and 4 only, one
+    forward+backward pass fewer, and every other logged value and the final weights equal those of the run
+    that measures every fire (the tiny pair measures every 10 ticks: README "Numbers")."""
+    from safetensors.torch import load_file
+
+    class Counting(LocalTrainer):
+        def _setup(self) -> None:
+            super()._setup()
+            self.forwards = 0
+            self.model.register_forward_pre_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
+
+    runs = {}
+    for every in (1, 4):
+        out = tmp_path / f"every{every}"
+        extra = ("condition=method", "tracking.enabled=false", f"method.grad_cosine_every={every}")
+        cfg = load_train_config(
+            [*overrides(small_model, toy_data, out, "", *extra), "rl.ticks=5", "rl.read_at=5"]
+        )
+        trainer = Counting(cfg)
+        trainer.train()
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        runs[every] = (trainer.forwards, rows, load_file(out / "final" / "model.safetensors"))
+    (n_all, all_rows, w_all), (n_few, few_rows, w_few) = runs[1], runs[4]
+    assert n_all - n_few == 4  # tick 2's codec replay: the whole batch of 16 rows, 4 micro-batches
+    cosine = "anchor/grad_cosine_raw"
+    assert [r["step"] for r in all_rows if cosine in r] == [1, 3, 5]  # a tick's metrics log at step tick + 1
+    assert [r["step"] for r in few_rows if cosine in r] == [1, 5]
+
+    def rest(rows: list[dict]) -> list[dict]:
+        return [
+            {k: v for k, v in r.items() if not k.startswith(("time/", "anchor/grad_cosine"))} for r in rows
+        ]
+
+    assert rest(all_rows) == rest(few_rows)
+    assert all(torch.equal(w_all[k], w_few[k]) for k in w_all)
 
 
 def test_anchor_off_scores_tick_0_old_and_reference_log_probs_with_the_calibrated_basis(

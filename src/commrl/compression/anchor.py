@@ -249,9 +249,10 @@ class TwoCircuitController:
     def fire(self, dense_replay: Callable[[], Any], codec_replay: Callable[[], Any] | None = None) -> None:
         """The anchor circuit (method.md §3) at a fire tick; leaves ``p.grad = G_dense`` for the optimizer.
 
-        Snapshot the live weights; load the projection of the stale view; with ``method.grad_cosine``, run
-        ``codec_replay()`` (the driver zeroes the grads and runs the replay's forward+backward with every
-        micro-batch inside ``compressed(j, mask)``, as a fast tick would) for the gradient cosines; run
+        Snapshot the live weights; load the projection of the stale view; when the diagnostic is due
+        (``method.grad_cosine_every``, ``MethodConfig.grad_cosine_due``), run ``codec_replay()`` (the driver
+        zeroes the grads and runs the replay's forward+backward with every micro-batch inside
+        ``compressed(j, mask)``, as a fast tick would) for the gradient cosines; run
         ``dense_replay()`` (the driver zeroes the grads, runs the dense forward+backward) while sketching;
         ``Q <- orth(S)``; ``M`` update; live weights back. Its metrics come with ``end_tick()``.
         """
@@ -259,12 +260,13 @@ class TwoCircuitController:
             raise RuntimeError(
                 f"fire() at tick {self._tick}: the anchor fires at multiples of {self.cfg.cadence}"
             )
-        if self.cfg.grad_cosine and codec_replay is None:
-            raise ValueError(
-                "fire() needs codec_replay (the replay through the codec) for anchor/grad_cosine_*; pass "
-                "it, or set method.grad_cosine=false"
-            )
         t, delay = self._tick, self.cfg.effective_delay()
+        cosine_due = self.cfg.grad_cosine_due(t)
+        if cosine_due and codec_replay is None:
+            raise ValueError(
+                f"fire() at tick {t} needs codec_replay (the replay through the codec) for "
+                "anchor/grad_cosine_*; pass it, or set method.grad_cosine_every=0"
+            )
         live = {name: local_tensor(p) for name, p in self.params.items()}
         self.snapshots.add(t, live)
         needed = snapshots_needed(self.cfg.projection, self.cfg.relex_window)
@@ -273,9 +275,7 @@ class TwoCircuitController:
         try:
             distance = self._load_projection(window, t, scale) if window else 0.0
             codec_grads = (
-                self._codec_gradients(codec_replay)
-                if self.cfg.grad_cosine and codec_replay is not None
-                else None
+                self._codec_gradients(codec_replay) if cosine_due and codec_replay is not None else None
             )
             if isinstance(self.codec, LowRankActivationCodec):
                 self.codec.begin_sketch()
@@ -434,11 +434,12 @@ class TwoCircuitController:
         """Every metric of the tick, from one call; advances the tick (every rank calls it).
 
         ``comm/*`` (the ledger), ``anchor/fire``; on a fire tick ``anchor/visible_snapshots``,
-        ``anchor/projection_scale``, ``anchor/projection_distance``, ``anchor/basis_overlap``,
-        ``anchor/grad_cosine_raw``, ``anchor/grad_cosine_corrected`` (``method.grad_cosine``) and, for
-        ``lowrank``, ``codec/energy_captured`` (mean over points) and ``codec/energy_captured/layer<i>``;
-        on the calibration tick the basis overlap and energies; on a fast tick with a memory
-        ``sign_memory/agreement`` (absent when no element has both ``G_corr`` and ``M`` non-zero).
+        ``anchor/projection_scale``, ``anchor/projection_distance``, ``anchor/basis_overlap``, when due
+        (``method.grad_cosine_every``) ``anchor/grad_cosine_raw`` and ``anchor/grad_cosine_corrected``,
+        and, for ``lowrank``, ``codec/energy_captured`` (mean over points) and
+        ``codec/energy_captured/layer<i>``; on the calibration tick the basis overlap and energies; on a
+        fast tick with a memory ``sign_memory/agreement`` (absent when no element has both ``G_corr`` and
+        ``M`` non-zero).
         """
         metrics = dict(self._tick_metrics)
         agreement = self._agreement.total(self.process_group)

@@ -43,8 +43,9 @@ class MethodConfig:
     method.md: ``points`` (``all``: every decoder layer's output; ``boundaries``: all but the last, whose
     output feeds the LM head on the same stage), ``sign_scope`` (``all``: every trainable parameter;
     ``compressed``: the PowerSGD-compressed matrices only), ``fast_step`` (false: fast ticks take no
-    optimizer step, only the anchor's dense updates move the weights), ``grad_cosine`` (an extra
-    forward+backward through the codec on fire ticks for ``anchor/grad_cosine_*``).
+    optimizer step, only the anchor's dense updates move the weights), ``grad_cosine_every`` (an extra
+    forward+backward through the codec on a fire tick for ``anchor/grad_cosine_*``, at the first fire at or
+    after each multiple of that many ticks: 1 every fire, 0 never; ``grad_cosine_due``).
     """
 
     codec: str = "lowrank"
@@ -66,7 +67,7 @@ class MethodConfig:
     points: str = "all"
     sign_scope: str = "all"
     fast_step: bool = True
-    grad_cosine: bool = True
+    grad_cosine_every: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -98,13 +99,20 @@ class MethodConfig:
         self._check_choice("kl_ref_forward", KL_REF_FORWARDS)
         self._check_choice("points", POINTS)
         self._check_choice("sign_scope", SIGN_SCOPES)
-        for flag in ("anchor", "fast_step", "grad_cosine"):
+        for flag in ("anchor", "fast_step"):
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "must be true or false")
         if not _is_int(self.rank) or self.rank < 1:
             raise _fail("rank", self.rank, "must be an integer >= 1 (and < the model's hidden size)")
         if hidden_size is not None and self.rank >= hidden_size:
             raise _fail("rank", self.rank, f"must be >= 1 and < hidden_size={hidden_size}; lower method.rank")
+        if not _is_int(self.grad_cosine_every) or self.grad_cosine_every < 0:
+            raise _fail(
+                "grad_cosine_every",
+                self.grad_cosine_every,
+                "must be an integer >= 0: ticks between gradient-cosine diagnostics (1: every fire, "
+                "0: never)",
+            )
         if self.grad_rank is not None and (not _is_int(self.grad_rank) or self.grad_rank < 1):
             raise _fail("grad_rank", self.grad_rank, "must be an integer >= 1, or null (= method.rank)")
         if self.prf_keep is not None and not (_is_number(self.prf_keep) and 0.0 < self.prf_keep <= 1.0):
@@ -166,6 +174,14 @@ class MethodConfig:
     def effective_delay(self) -> int:
         """Anchor freshness delay ``h`` (method.md §3.1): ``delay``, or ``cadence`` when unset."""
         return self.cadence if self.delay is None else self.delay
+
+    def grad_cosine_due(self, tick: int) -> bool:
+        """Whether the fire at ``tick`` runs the gradient-cosine diagnostic (method.md §4): with
+        ``N = grad_cosine_every > 0``, when a multiple of ``N`` lies in ``(tick - cadence, tick]``, i.e. the
+        first fire at or after each multiple of ``N`` ticks (every fire when ``N <= cadence``). Pure in the
+        tick, so a resumed run measures the same fires."""
+        n = self.grad_cosine_every
+        return n > 0 and tick // n > (tick - self.cadence) // n
 
     def effective_grad_rank(self) -> int:
         """PowerSGD rank (method.md §2): ``grad_rank``, or the activation ``rank`` when unset."""

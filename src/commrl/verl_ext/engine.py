@@ -11,8 +11,8 @@ variable the engine is the stock engine. One verl trainer step is one tick (meth
   masks, found in this process -- when ``kl_ref_forward == "codec"``, else stays dense;
 - a tick's first mini-batch on a fire tick runs ``controller.fire(dense_replay, codec_replay)``: the replay
   re-runs ``forward_backward_batch`` with the codec in sketch mode and the GRPO loss at ratio one (old
-  log-probs := the replay's own detached log-probs), then the optimizer applies ``G_dense``; with
-  ``method.grad_cosine`` the same replay first runs through the codec (uncounted) for
+  log-probs := the replay's own detached log-probs), then the optimizer applies ``G_dense``; on the fires
+  ``method.grad_cosine_every`` selects, the same replay first runs through the codec (uncounted) for
   ``anchor/grad_cosine_*``. Further mini-batches of a fire tick (only when ``ppo_mini_batch_size`` < the
   batch) train dense. Other ticks: compressed passes, ``compress_gradients()`` (PowerSGD on FSDP2's
   ``DTensor`` shards, sign correction), the optimizer step;
