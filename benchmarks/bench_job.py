@@ -92,10 +92,11 @@ def medians(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def print_table(arms: dict[str, dict[str, float]]) -> None:
     names = list(arms)
+    width = {n: max(12, len(n) + 3) for n in names}  # an arm's column fits its name
     keys = [k for k in next(iter(arms.values())) if k != "wall"]
-    print(f"{'phase':<14}" + "".join(f"{n + ' s':>12}{'share':>8}" for n in names))
+    print(f"{'phase':<14}" + "".join(f"{n + ' s':>{width[n]}}{'share':>8}" for n in names))
     for key in [*keys, "wall"]:
-        cells = "".join(f"{arms[n][key]:>12.2f}{arms[n][key] / arms[n]['wall']:>8.0%}" for n in names)
+        cells = "".join(f"{arms[n][key]:>{width[n]}.2f}{arms[n][key] / arms[n]['wall']:>8.0%}" for n in names)
         print(f"{key:<14}{cells}")
 
 

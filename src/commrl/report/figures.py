@@ -287,9 +287,11 @@ def diagnostics_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -
         number=11,
         slug="diagnostics",
         title="The fast circuit's diagnostics",
-        caption="At each fire tick: cosine of the fast circuit's update with the dense gradient on the same "
-        "batch at the same weights, before (anchor/grad_cosine_raw) and after (anchor/grad_cosine_corrected) "
-        "sign correction, and the share of activation energy the bases keep (codec/energy_captured); on "
+        caption="At the fire ticks that run it (method.grad_cosine_every: every fire, or the first at or "
+        "after each multiple of that many ticks): cosine of the fast circuit's update with the dense "
+        "gradient on the same batch at the same weights, before (anchor/grad_cosine_raw) and after "
+        "(anchor/grad_cosine_corrected) sign correction; at each fire tick, the share of activation energy "
+        "the bases keep (codec/energy_captured); on "
         "fast ticks, the fraction of elements where sign(G_corr) = sign(M) (sign_memory/agreement; 1 for "
         "every alpha < 0.5). Not in the note (docs/method.md §4).",
         panels=[
