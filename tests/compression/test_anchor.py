@@ -60,9 +60,10 @@ def codec_replay_fn(model, ctrl, opt, tick):
     return replay
 
 
-def run_ticks(model, ctrl, opt, ticks: int) -> list[dict]:
+def run_ticks(model, ctrl, opt, ticks: int, codec_replay=codec_replay_fn) -> list[dict]:
     """The driver loop of anchor.py: calibration first, fire + optimizer step, or one step per compressed
-    minibatch (none with ``fast_step=false``); every metric from ``end_tick``."""
+    minibatch (none with ``fast_step=false``); every metric from ``end_tick``. ``codec_replay(model, ctrl,
+    opt, t)`` gives a fire's codec replay (or None)."""
     log = []
     for _ in range(ticks):
         t = ctrl.tick
@@ -70,7 +71,7 @@ def run_ticks(model, ctrl, opt, ticks: int) -> list[dict]:
             ids, mask = tick_batch(t)[0]
             ctrl.calibrate(lambda ids=ids, mask=mask: model(input_ids=ids, attention_mask=mask.long()))
         if ctrl.is_fire_tick():
-            ctrl.fire(dense_replay_fn(model, opt, t), codec_replay_fn(model, ctrl, opt, t))
+            ctrl.fire(dense_replay_fn(model, opt, t), codec_replay(model, ctrl, opt, t))
             opt.step()
         else:
             for j, (ids, mask) in enumerate(tick_batch(t)):
@@ -250,25 +251,15 @@ def test_skipped_cosine_fires_change_nothing_but_the_cosines():
     runs = {}
     for every in (1, 4):
         model, ctrl, opt = make(MethodConfig(rank=8, cadence=2, alpha=0.5, grad_cosine_every=every))
-        replays, log = [], []
-        for t in range(6):
-            if ctrl.is_fire_tick():
-                codec = codec_replay_fn(model, ctrl, opt, t)
+        replays: list[int] = []
 
-                def counted(codec=codec, t=t, replays=replays):
-                    replays.append(t)
-                    codec()
+        def counted(model, ctrl, opt, t, every=every, replays=replays):
+            if every != 1 and t == 2:
+                return None  # a fire the diagnostic skips needs no replay
+            codec = codec_replay_fn(model, ctrl, opt, t)
+            return lambda: (replays.append(t), codec())
 
-                ctrl.fire(dense_replay_fn(model, opt, t), counted if every == 1 or t != 2 else None)
-                opt.step()
-            else:
-                for j, (ids, mask) in enumerate(tick_batch(t)):
-                    opt.zero_grad()
-                    with ctrl.compressed(microbatch_id=j, token_mask=mask):
-                        lm_loss(model, ids, mask).backward()
-                    ctrl.compress_gradients()
-                    opt.step()
-            log.append(ctrl.end_tick())
+        log = run_ticks(model, ctrl, opt, 6, counted)
         runs[every] = (replays, log, {k: v.clone() for k, v in model.state_dict().items()})
     (all_replays, all_log, all_weights), (few_replays, few_log, few_weights) = runs[1], runs[4]
     assert all_replays == [0, 2, 4] and few_replays == [0, 4]
