@@ -7,12 +7,15 @@ repetition by repetition; each arm's median, and its ratio to the trainer's own 
 - `mb32`, `mb128`: other micro-batch sizes (the tiny pair's is 64);
 - `compile`: each decoder layer `torch.compile(dynamic=True)`d (Inductor's fused CPU kernels), on a copy of
   the policy; its compile seconds (cold, or warm from Inductor's on-disk cache) are printed apart, as a
-  training job would pay them once.
+  training job would pay them once;
+- `bf16`: copies of the policy and the reference in bfloat16 (what a lower precision would buy; it would
+  change every number).
 
 Then the eager pass's share of matrix products (`aten::mm`/`addmm`/`bmm`, torch.profiler) and their rate,
 against the same products timed alone: how much of a pass anything but faster arithmetic could remove. And
 one tick's sampling (the HF sampler, 16 prompts x 8): the share inside the model's forward calls, and of
-that the KV cache's updates (transformers' ``DynamicLayer.update``, a copy of the cache at every step).
+that the KV cache's updates (transformers' ``DynamicLayer.update``, a copy of the cache at every step); and
+the same sampling with the sampler's weights in bfloat16.
 
     .venv/bin/python benchmarks/bench_passes.py [--repeat 7] [--no-compile]
 
@@ -42,11 +45,19 @@ from commrl.rl.trainer import LocalTrainer
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
-def dense_tick_passes(trainer: LocalTrainer, model: torch.nn.Module, batch, scores, micro: int) -> None:
-    """A dense tick's reference forward and policy forward+backward, in micro-batches of ``micro``."""
+def dense_tick_passes(
+    trainer: LocalTrainer,
+    model: torch.nn.Module,
+    batch,
+    scores,
+    micro: int,
+    ref: torch.nn.Module | None = None,
+) -> None:
+    """A dense tick's reference forward (``ref``, else the trainer's) and policy forward+backward, in
+    micro-batches of ``micro``."""
     with torch.no_grad():
         for _, mb in micro_batches(batch, micro):
-            response_log_probs(trainer.ref, mb.pack(), mb.responses)
+            response_log_probs(ref or trainer.ref, mb.pack(), mb.responses)
     adv = grpo.grpo_advantages(scores, batch.response_mask, batch.uids)
     model.train()
     model.zero_grad(set_to_none=True)
@@ -139,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         "mb32": lambda: dense_tick_passes(trainer, trainer.model, batch, scores, micro // 2),
         "mb128": lambda: dense_tick_passes(trainer, trainer.model, batch, scores, micro * 2),
     }
+    policy_bf16 = copy.deepcopy(trainer.model).to(torch.bfloat16)
+    ref_bf16 = copy.deepcopy(trainer.ref).to(torch.bfloat16)
+    arms["bf16"] = lambda: dense_tick_passes(trainer, policy_bf16, batch, scores, micro, ref_bf16)
     if not args.no_compile:
         compiled = copy.deepcopy(trainer.model)
         for layer in compiled.model.layers:
@@ -172,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         f"sampling: {sample_s * 1e3:.0f} ms a tick (median of {args.repeat}), {in_model:.0%} inside the "
         f"model's forward calls, of which the KV cache's updates {in_cache:.0%} of the whole"
     )
+    trainer.sampler.model.to(torch.bfloat16)
+    trainer._sample(0)  # warm-up
+    bf16_s = statistics.median(seconds(lambda: trainer._sample(0)) for _ in range(args.repeat))
+    print(f"sampling with bfloat16 weights: {bf16_s * 1e3:.0f} ms a tick, {bf16_s / sample_s:.3f}x")
     return 0
 
 
