@@ -57,7 +57,7 @@ def dense_tick_passes(
     micro-batches of ``micro``."""
     with torch.no_grad():
         for _, mb in micro_batches(batch, micro):
-            response_log_probs(ref or trainer.ref, mb.pack(), mb.responses)
+            response_log_probs(trainer.ref if ref is None else ref, mb.pack(), mb.responses)
     adv = grpo.grpo_advantages(scores, batch.response_mask, batch.uids)
     model.train()
     model.zero_grad(set_to_none=True)

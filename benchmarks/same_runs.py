@@ -26,10 +26,12 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def differences(base: Path, other: Path, ignore: tuple[str, ...], sparse: tuple[str, ...]) -> list[str]:
-    """What differs between two runs' ``metrics.jsonl`` and final weights (empty: the same)."""
+def differences(
+    base: Path, other: Path, a: list[dict], b: list[dict], ignore: tuple[str, ...], sparse: tuple[str, ...]
+) -> list[str]:
+    """What differs between two runs (folders ``base`` and ``other``, their ``metrics.jsonl`` rows ``a`` and
+    ``b``) in the logged values and the final weights (empty: the same)."""
     found = []
-    a, b = rows(base / "metrics.jsonl"), rows(other / "metrics.jsonl")
     if [r["step"] for r in a] != [r["step"] for r in b]:
         return ["logged steps differ"]
     for ra, rb in zip(a, b, strict=True):
@@ -62,11 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     common = [r for r in runs if (args.other / r / "metrics.jsonl").is_file()]
     differing = 0
     sparse_ticks = [0, 0]  # ticks logging a --sparse key, in base and in other
+    ignore, sparse = tuple(args.ignore), tuple(args.sparse)
     for run in common:
-        found = differences(args.base / run, args.other / run, tuple(args.ignore), tuple(args.sparse))
-        for side, root in enumerate((args.base, args.other)):
-            logged = rows(root / run / "metrics.jsonl")
-            sparse_ticks[side] += sum(any(k.startswith(tuple(args.sparse)) for k in r) for r in logged)
+        logged = [rows(root / run / "metrics.jsonl") for root in (args.base, args.other)]
+        found = differences(args.base / run, args.other / run, *logged, ignore, sparse)
+        for side, side_rows in enumerate(logged):
+            sparse_ticks[side] += sum(any(k.startswith(sparse) for k in r) for r in side_rows)
         if found:
             differing += 1
             more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
