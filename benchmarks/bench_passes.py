@@ -26,12 +26,13 @@ Needs the tiny base model and the toy data:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -39,36 +40,46 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from commrl.rl import grpo
 from commrl.rl.batch import micro_batches
 from commrl.rl.config import load_train_config
-from commrl.rl.logprobs import response_log_probs
 from commrl.rl.trainer import LocalTrainer
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
-def dense_tick_passes(
+def dense_tick_passes(trainer: LocalTrainer, batch, adv: torch.Tensor) -> None:
+    """A dense tick's passes, by the trainer's own code: the reference forward (``_log_probs``) and the
+    policy's forward+backward of the GRPO loss (``_dense_replay``, the anchor's dense pass: ratio one, no
+    optimizer step), in micro-batches of ``trainer.micro``."""
+    ref = trainer._log_probs(trainer.ref, batch, "plain")
+    trainer.model.zero_grad(set_to_none=True)
+    trainer._dense_replay(batch, adv, ref, None)()
+
+
+@contextlib.contextmanager
+def arm(
     trainer: LocalTrainer,
-    model: torch.nn.Module,
-    batch,
-    scores,
-    micro: int,
+    micro: int | None = None,
+    model: torch.nn.Module | None = None,
     ref: torch.nn.Module | None = None,
-) -> None:
-    """A dense tick's reference forward (``ref``, else the trainer's) and policy forward+backward, in
-    micro-batches of ``micro``."""
-    with torch.no_grad():
-        for _, mb in micro_batches(batch, micro):
-            response_log_probs(trainer.ref if ref is None else ref, mb.pack(), mb.responses)
-    adv = grpo.grpo_advantages(scores, batch.response_mask, batch.uids)
-    model.train()
-    model.zero_grad(set_to_none=True)
-    grpo.set_global_batch(trainer.actor_cfg, batch.response_mask)
-    for mb_id, mb in micro_batches(batch, micro):
-        rows = slice(mb_id * micro, mb_id * micro + mb.size)
-        lp = response_log_probs(model, mb.pack(), mb.responses)
-        loss, _ = grpo.grpo_loss(
-            trainer.actor_cfg, lp, lp.detach(), lp.detach(), adv[rows], batch.response_mask[rows]
-        )
-        loss.backward()
+) -> Iterator[None]:
+    """The trainer with another micro-batch size, policy or reference for the duration of one call."""
+    saved = trainer.micro, trainer.model, trainer.ref
+    trainer.micro = saved[0] if micro is None else micro
+    trainer.model = saved[1] if model is None else model
+    trainer.ref = saved[2] if ref is None else ref
+    try:
+        yield
+    finally:
+        trainer.micro, trainer.model, trainer.ref = saved
+
+
+def passes(trainer: LocalTrainer, batch, adv: torch.Tensor, **swap) -> Callable[[], None]:
+    """``dense_tick_passes`` under ``arm(trainer, **swap)``, as a callable to time."""
+
+    def run() -> None:
+        with arm(trainer, **swap):
+            dense_tick_passes(trainer, batch, adv)
+
+    return run
 
 
 def seconds(fn: Callable[[], None]) -> float:
@@ -145,21 +156,22 @@ def main(argv: list[str] | None = None) -> int:
         trainer._sync_sampler(0)
         batch, scores = trainer._sample(0)
     micro = trainer.micro
+    adv = grpo.grpo_advantages(scores, batch.response_mask, batch.uids, cfg.rl.norm_adv_by_std)
     arms: dict[str, Callable[[], None]] = {
-        "default": lambda: dense_tick_passes(trainer, trainer.model, batch, scores, micro),
-        "mb32": lambda: dense_tick_passes(trainer, trainer.model, batch, scores, micro // 2),
-        "mb128": lambda: dense_tick_passes(trainer, trainer.model, batch, scores, micro * 2),
+        "default": passes(trainer, batch, adv),
+        "mb32": passes(trainer, batch, adv, micro=micro // 2),
+        "mb128": passes(trainer, batch, adv, micro=micro * 2),
     }
     policy_bf16 = copy.deepcopy(trainer.model).to(torch.bfloat16)
     ref_bf16 = copy.deepcopy(trainer.ref).to(torch.bfloat16)
-    arms["bf16"] = lambda: dense_tick_passes(trainer, policy_bf16, batch, scores, micro, ref_bf16)
+    arms["bf16"] = passes(trainer, batch, adv, model=policy_bf16, ref=ref_bf16)
     if not args.no_compile:
         compiled = copy.deepcopy(trainer.model)
         for layer in compiled.model.layers:
             layer.compile(dynamic=True)
-        first = seconds(lambda: dense_tick_passes(trainer, compiled, batch, scores, micro))
+        first = seconds(passes(trainer, batch, adv, model=compiled))
         print(f"compile: first call {first:.1f} s (Inductor's cache: {cache_dir()})")
-        arms["compile"] = lambda: dense_tick_passes(trainer, compiled, batch, scores, micro)
+        arms["compile"] = passes(trainer, batch, adv, model=compiled)
     for fn in arms.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {name: [] for name in arms}

@@ -225,20 +225,31 @@ def _dense_learns(runs: PairRuns, t: ClaimThresholds) -> Result:
 
 
 def _method_matches_dense(runs: PairRuns, t: ClaimThresholds) -> Result:
-    (sm, tm), (sd, td) = _read(runs, "method", "score/mean"), _read(runs, "dense", "score/mean")
-    diff = stats.difference_interval(sm, sd)
+    method, dense = _read(runs, "method", "score/mean"), _read(runs, "dense", "score/mean")
+    return _method_vs_dense(method, dense, "method - dense score", t.method_max_score_gap)
+
+
+def _method_vs_dense(
+    method: tuple[dict[str, float], dict[str, int]],
+    dense: tuple[dict[str, float], dict[str, int]],
+    name: str,
+    margin: float,
+) -> Result:
+    """method - dense by seed ((value, tick) per seed of each), within +-``margin``."""
+    (vm, tm), (vd, td) = method, dense
+    diff = stats.difference_interval(vm, vd)
     text = (
-        f"method {_mean(sm):.3f} (tick {_ticks(tm)}) vs dense {_mean(sd):.3f} (tick {_ticks(td)}); "
+        f"method {_mean(vm):.3f} (tick {_ticks(tm)}) vs dense {_mean(vd):.3f} (tick {_ticks(td)}); "
         f"diff {format_interval(diff)}"
     )
     values = {
-        "method": _mean(sm),
-        "dense": _mean(sd),
+        "method": _mean(vm),
+        "dense": _mean(vd),
         "method_tick": _ticks(tm),
         "dense_tick": _ticks(td),
         "diff": diff.estimate,
     }
-    return (check("method - dense score", diff, "within", t.method_max_score_gap),), text, values
+    return (check(name, diff, "within", margin),), text, values
 
 
 def _anchor_off_fails(runs: PairRuns, t: ClaimThresholds) -> Result:
@@ -327,23 +338,11 @@ def _validation(runs: PairRuns, t: ClaimThresholds) -> Result:
     best = {c: cv.per_seed(_series(runs, c, "val/acc"), cv.best) for c in ("method", "dense")}
     if not all(best.values()):
         raise _Missing("val/acc is NaN everywhere")
-    (vm, tm), (vd, td) = (
+    method, dense = (
         ({k: v for k, (_, v) in b.items()}, {k: tick for k, (tick, _) in b.items()})
         for b in (best["method"], best["dense"])
     )
-    diff = stats.difference_interval(vm, vd)
-    text = (
-        f"method {_mean(vm):.3f} (tick {_ticks(tm)}) vs dense {_mean(vd):.3f} (tick {_ticks(td)}); "
-        f"diff {format_interval(diff)}"
-    )
-    values = {
-        "method": _mean(vm),
-        "dense": _mean(vd),
-        "method_tick": _ticks(tm),
-        "dense_tick": _ticks(td),
-        "diff": diff.estimate,
-    }
-    return (check("best val method - dense", diff, "within", t.val_max_gap),), text, values
+    return _method_vs_dense(method, dense, "best val method - dense", t.val_max_gap)
 
 
 def _beats_anchor_only(runs: PairRuns, t: ClaimThresholds) -> Result:
