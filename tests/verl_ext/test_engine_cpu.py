@@ -16,6 +16,7 @@ import torch
 from commrl.errors import ConfigError
 from commrl.verl_ext import TwoCircuitFSDPEngine
 from commrl.verl_ext.config import method_to_env
+from commrl.verl_ext.engine import DENSE_REF_KEY, DENSE_REFERENCE
 
 DENSE = dict(codec="identity", grad_codec="none", anchor=False, projection="none")
 HALF = 8  # rows per optimizer step: two mini-batches per tick on the 16-row batch
@@ -106,12 +107,45 @@ def test_reference_goes_through_the_actors_codec(cpu_verl, tiny_model_dir, metho
     compressed = cpu_verl.log_probs(actor, batch)
     assert torch.equal(cpu_verl.log_probs(ref, batch, ref=True), compressed)
 
+    stock_ref = cpu_verl.build_worker(cfg, "ref", "stock")
+    stock = cpu_verl.log_probs(stock_ref, batch, ref=True)
+    # the trainer's dense request on a fire tick (DENSE_REFERENCE): the same engine, no codec
+    assert torch.equal(cpu_verl.log_probs(ref, batch, ref=True, **{DENSE_REFERENCE: True}), stock)
+
     method(codec="prf_mask", anchor=False, kl_ref_forward="dense")
     dense_ref = cpu_verl.build_worker(cfg, "ref", "commrl")
-    stock_ref = cpu_verl.build_worker(cfg, "ref", "stock")
     dense = cpu_verl.log_probs(dense_ref, batch, ref=True)
-    assert torch.equal(dense, cpu_verl.log_probs(stock_ref, batch, ref=True))
+    assert torch.equal(dense, stock)
     assert not torch.equal(dense, compressed)
+
+
+def test_fire_ticks_take_the_kl_term_against_the_dense_reference(cpu_verl, tiny_model_dir, method):
+    """A fire tick's updates (the replay, then a dense mini-batch) read DENSE_REF_KEY, not the batch's codec
+    ``ref_log_prob``; a fast tick reads ``ref_log_prob``. Without the dense key a fire refuses to train."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    method(codec="lowrank", cadence=2)
+
+    def weights(ref: float, dense: float, ticks: int) -> dict[str, torch.Tensor]:
+        worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+        batch = cpu_verl.training_batch(worker)
+        batch.batch["ref_log_prob"].fill_(ref)
+        batch.batch[DENSE_REF_KEY].fill_(dense)
+        cpu_verl.run_ticks(worker, batch, ticks, HALF)
+        return cpu_verl.full_params(cpu_verl.engine_of(worker))
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return all(torch.equal(a[name], b[name]) for name in a)
+
+    base = weights(-2.0, -2.0, 1)  # tick 0 fires
+    assert same(weights(-7.0, -2.0, 1), base)
+    assert not same(weights(-2.0, -7.0, 1), base)
+    assert not same(weights(-7.0, -2.0, 2), weights(-2.0, -2.0, 2))  # tick 1 is fast: the codec reference
+
+    worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+    batch = cpu_verl.training_batch(worker)
+    batch.batch.pop(DENSE_REF_KEY)
+    with pytest.raises(ConfigError, match=r"commrl_ref_log_prob_dense.*kl_ref_forward=dense"):
+        cpu_verl.run_ticks(worker, batch, 1, HALF)
 
 
 def test_prf_masks_of_old_and_training_passes_agree(cpu_verl, tiny_model_dir, method):

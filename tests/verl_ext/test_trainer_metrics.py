@@ -19,6 +19,7 @@ from commrl.rl.config import HealthConfig
 from commrl.rl.health import CollapseMonitor
 from commrl.rl.reward import compute_score
 from commrl.verl_ext.config import method_from_env
+from commrl.verl_ext.engine import DENSE_REFERENCE as DENSE_REFERENCE_FLAG
 from commrl.verl_ext.trainer import (
     CommrlPPOTrainer,
     StepChecks,
@@ -166,7 +167,46 @@ def test_update_actor_adds_health_and_mismatch(cpu_verl, tiny_model_dir, method)
     metrics = trainer._update_actor(trainer_batch(cpu_verl, worker)).meta_info["metrics"]
     assert metrics["health/alarm"] == 0.0
     assert metrics["mismatch/logprob_corr"] == pytest.approx(1.0)
-    assert len(metrics["actor/kl_loss"]) == 2 and metrics["actor/comm/bytes_total"]
+    assert len(metrics["actor/pg_loss"]) == 2 and metrics["actor/comm/bytes_total"]
+    assert isinstance(metrics["actor/kl_loss"], float)  # step 1 fires: the batch's read-out, not verl's list
+
+
+def test_fire_step_adds_the_dense_reference_and_logs_the_codec_kl(cpu_verl, tiny_model_dir, method):
+    """Through verl's ``_compute_ref_log_prob`` (codec reference worker): a fire step (global step 1 = tick 0)
+    adds the dense reference, the stock engine's log-probs; a fast step adds none. The fire step's
+    ``actor/kl_loss`` is the old pass against the codec reference over the batch, as on other ticks."""
+    from verl.trainer.ppo import core_algos
+
+    from commrl.verl_ext.engine import DENSE_REF_KEY
+
+    cfg = cpu_verl.paper_config(tiny_model_dir, extra=cpu_verl.engine_test_shapes())
+    method(codec="lowrank", cadence=2)
+    worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
+    ref_worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "ref", "commrl")
+    stock_ref = cpu_verl.build_worker(cfg.actor_rollout_ref, "ref", "stock")
+    trainer = trainer_around(cfg, worker)
+    trainer.ref_policy_wg, trainer.ref_in_actor = ref_worker, False
+    batch = trainer_batch(cpu_verl, worker)
+    for key in ("ref_log_prob", DENSE_REF_KEY):
+        batch.batch.pop(key)
+
+    trainer.global_steps = 2  # tick 1: no fire
+    assert DENSE_REF_KEY not in trainer._compute_ref_log_prob(batch).batch.keys()  # noqa: SIM118
+    trainer.global_steps = 1
+    ref = trainer._compute_ref_log_prob(batch)
+    assert DENSE_REFERENCE_FLAG not in batch.meta_info
+    assert torch.equal(ref.batch["ref_log_prob"], cpu_verl.log_probs(ref_worker, batch, ref=True))
+    dense = cpu_verl.log_probs(stock_ref, batch, ref=True)
+    assert torch.equal(ref.batch[DENSE_REF_KEY], dense)
+    assert not torch.equal(ref.batch["ref_log_prob"], dense)
+
+    batch = batch.union(ref)
+    metrics = trainer._update_actor(batch).meta_info["metrics"]
+    actor = cfg.actor_rollout_ref.actor
+    mask = batch.batch["response_mask"].bool()
+    kld = core_algos.kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], actor.kl_loss_type)
+    want = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=actor.loss_agg_mode)
+    assert metrics["actor/kl_loss"] == pytest.approx(float(want), rel=1e-6)
 
 
 def test_method_on_the_stock_engine_fails_at_the_first_tick(cpu_verl, tiny_model_dir, method):

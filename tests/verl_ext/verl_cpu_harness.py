@@ -344,12 +344,13 @@ def _to_td(batch, **non_tensor):
     return td
 
 
-def log_probs(worker, batch, ref: bool = False) -> torch.Tensor:
-    """(batch, response) log-probs of ``compute_log_prob`` (or ``compute_ref_log_prob``), trainer-padded."""
+def log_probs(worker, batch, ref: bool = False, **flags) -> torch.Tensor:
+    """(batch, response) log-probs of ``compute_log_prob`` (or ``compute_ref_log_prob``), trainer-padded;
+    ``flags``: further non-tensor entries of the request (``engine.DENSE_REFERENCE``)."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
 
-    td = _to_td(batch, calculate_entropy=False, compute_loss=False)
+    td = _to_td(batch, calculate_entropy=False, compute_loss=False, **flags)
     out = worker.compute_ref_log_prob(td) if ref else worker.compute_log_prob(td)
     return no_padding_2_padding(tu.get(out, "log_probs"), td).float()
 
@@ -397,13 +398,17 @@ def full_params(engine) -> dict[str, torch.Tensor]:
 
 
 def training_batch(worker, seed: int = 0):
-    """The full rollout batch with GRPO advantages and a fixed reference log-prob (-2 per token)."""
+    """The full rollout batch with GRPO advantages and a fixed reference log-prob (-2 per token), through
+    the codec and dense (``DENSE_REF_KEY``, which the trainer adds on fire ticks)."""
+    from commrl.verl_ext.engine import DENSE_REF_KEY
+
     engine = engine_of(worker)
     batch = make_batch(
         engine.module.config.vocab_size, worker.actor.model_config.tokenizer.pad_token_id, seed
     )
     add_advantages(batch)
     batch.batch["ref_log_prob"] = torch.full(batch.batch["response_mask"].shape, -2.0)
+    batch.batch[DENSE_REF_KEY] = batch.batch["ref_log_prob"].clone()
     return batch
 
 

@@ -132,7 +132,7 @@ class TwoCircuitController:
 
     def is_fire_tick(self) -> bool:
         """Anchor on: ``t = 0, K, 2K, ...`` (method.md §3)."""
-        return self.cfg.anchor and self._tick % self.cfg.cadence == 0
+        return self.cfg.fires_at(self._tick)
 
     def is_calibration_tick(self) -> bool:
         """Anchor off, ``t = 0``, a codec with a basis to calibrate (``lowrank``), not yet calibrated.

@@ -175,6 +175,16 @@ class MethodConfig:
         """Anchor freshness delay ``h`` (method.md §3.1): ``delay``, or ``cadence`` when unset."""
         return self.cadence if self.delay is None else self.delay
 
+    def fires_at(self, tick: int) -> bool:
+        """Whether the anchor fires at ``tick``: anchor on and ``t = 0, K, 2K, ...`` (method.md §3)."""
+        return self.anchor and tick % self.cadence == 0
+
+    def dense_reference_due(self, tick: int) -> bool:
+        """Whether ``tick``'s updates need the reference's dense log-probs besides the codec's: a fire tick
+        whose reference pass goes through a codec (``kl_ref_forward: codec``, not ``identity``). The
+        anchor's replay is dense (method.md §3.3), its KL term against the dense reference too."""
+        return self.fires_at(tick) and self.kl_ref_forward == "codec" and self.codec != "identity"
+
     def grad_cosine_due(self, tick: int) -> bool:
         """Whether the fire at ``tick`` runs the gradient-cosine diagnostic (method.md §4): with
         ``N = grad_cosine_every > 0``, when a multiple of ``N`` lies in ``(tick - cadence, tick]``, i.e. the

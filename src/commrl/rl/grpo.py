@@ -63,15 +63,20 @@ def grpo_advantages(
     return advantages
 
 
-def set_global_batch(actor_cfg, response_mask: torch.Tensor) -> None:
-    """Aggregate every micro-batch's loss over the whole mini-batch (``response_mask`` of the mini-batch;
-    at least one token, so a mini-batch that rejection sampling emptied gives a zero loss, not NaN)."""
-    actor_cfg.global_batch_info.update(
+def global_batch(response_mask: torch.Tensor) -> dict[str, int | None]:
+    """verl's ``global_batch_info`` of one batch (``response_mask``; at least one token, so a mini-batch that
+    rejection sampling emptied gives a zero loss, not NaN)."""
+    return dict(
         dp_size=1,
         batch_num_tokens=max(1, int(response_mask.sum().item())),
         global_batch_size=int(response_mask.shape[0]),
         loss_scale_factor=None,
     )
+
+
+def set_global_batch(actor_cfg, response_mask: torch.Tensor) -> None:
+    """Aggregate every micro-batch's loss over the whole mini-batch (``response_mask`` of the mini-batch)."""
+    actor_cfg.global_batch_info.update(global_batch(response_mask))
 
 
 def grpo_loss(
@@ -131,6 +136,17 @@ def effective_token_counts(
     (grad,) = torch.autograd.grad(pg_loss, log_prob, retain_graph=True)
     eligible = mask.bool() & (advantages != 0)
     return int((eligible & (grad != 0)).sum()), int(eligible.sum())
+
+
+def batch_kl(kl_type: str, loss_agg_mode: str, log_prob, ref_log_prob, mask) -> torch.Tensor:
+    """``agg_loss(kl_penalty(log_pi, log_pi_ref))`` over one whole batch: a tick's ``actor/kl_loss`` read-out
+    (the trainer's old pass against the reference pass), as both drivers log it."""
+    from verl.trainer.ppo import core_algos
+
+    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=kl_type)
+    return core_algos.agg_loss(
+        loss_mat=kld, loss_mask=mask, loss_agg_mode=loss_agg_mode, **global_batch(mask)
+    )
 
 
 def kl_value(actor_cfg, log_prob, ref_log_prob, mask) -> torch.Tensor:

@@ -486,8 +486,10 @@ class LocalTrainer:
             metrics.update(replay_metrics)
         else:
             metrics.update(self._fast_update(batch, adv, behaviour, ref, fill_first=reuse, corr=corr))
-        grpo.set_global_batch(self.actor_cfg, mask)
-        metrics["actor/kl_loss"] = float(grpo.kl_value(self.actor_cfg, old, ref, mask.bool()))
+        actor = self.actor_cfg
+        metrics["actor/kl_loss"] = float(
+            grpo.batch_kl(actor.kl_loss_type, actor.loss_agg_mode, old, ref, mask.bool())
+        )
         metrics.update(mismatch_metrics(batch.sampler_log_probs, old, mask))
         if corr is None:  # verl's trainer-vs-sampler read-outs (rollout_corr/*), every tick
             off = correction.RolloutCorrection()

@@ -8,7 +8,9 @@ variable the engine is the stock engine. One verl trainer step is one tick (meth
   and the training passes, micro-batch ``j`` with PRF key ``j`` (the passes share one micro-batch
   partition when their token budgets agree, as in configs/verl/), the token mask of padded inputs;
 - the reference model (``engine_config.forward_only``) goes through the same codec -- the actor's bases and
-  masks, found in this process -- when ``kl_ref_forward == "codec"``, else stays dense;
+  masks, found in this process -- when ``kl_ref_forward == "codec"``, else stays dense; a pass flagged
+  ``DENSE_REFERENCE`` stays dense too: on a fire tick the trainer adds those log-probs (``DENSE_REF_KEY``),
+  and the tick's updates (the replays, later dense mini-batches) take their KL term against them;
 - a tick's first mini-batch on a fire tick runs ``controller.fire(dense_replay, codec_replay)``: the replay
   re-runs ``forward_backward_batch`` with the codec in sketch mode and the GRPO loss at ratio one (old
   log-probs := the replay's own detached log-probs), then the optimizer applies ``G_dense``; on the fires
@@ -69,6 +71,11 @@ ACTIVATION_CHANNELS = ("activations_forward", "activations_backward")
 # set by commrl.verl_ext.trainer.CommrlPPOTrainer._update_actor
 ELIGIBLE_KEY = "commrl_eligible_mask"
 EFFECTIVE_TOKENS, ELIGIBLE_TOKENS = "actor/effective_tokens", "actor/eligible_tokens"
+# A fire tick's reference log-probs without the codec (``MethodConfig.dense_reference_due``): the trainer asks
+# the reference engine for them with the non-tensor flag DENSE_REFERENCE and adds them to the batch as
+# DENSE_REF_KEY; the anchor's updates use them in place of the batch's ``ref_log_prob`` (the codec's).
+DENSE_REFERENCE = "commrl_dense_reference"
+DENSE_REF_KEY = "commrl_ref_log_prob_dense"
 CONTROLLER_FILE = "commrl_controller_rank{rank}.pt"
 _actor_controller: weakref.ReferenceType[TwoCircuitController] | None = None
 
@@ -141,6 +148,18 @@ def ratio_one(loss_function: Callable) -> Callable:
         data["old_log_probs"] = no_padding_2_padding(model_output["log_probs"].detach(), data).to(
             data["old_log_probs"].dtype
         )
+        return loss_function(model_output=model_output, data=data, dp_group=dp_group)
+
+    return loss
+
+
+def dense_reference(loss_function: Callable) -> Callable:
+    """The loss against the dense reference (method.md §3.3: the anchor's replay is dense):
+    ``ref_log_prob`` := the batch's ``DENSE_REF_KEY``."""
+
+    def loss(model_output: dict, data, dp_group=None):
+        data = data.copy()
+        data["ref_log_prob"] = data[DENSE_REF_KEY]
         return loss_function(model_output=model_output, data=data, dp_group=dp_group)
 
     return loss
@@ -292,7 +311,10 @@ class TwoCircuitEngineMixin:
                 ctrl.calibrate(lambda: self.forward_backward_batch(data, None, True))
             finally:
                 self._pass = None
-        self._pass, self._microbatch = "infer", 0
+        dense = self._ref_points is not None and tu.get_non_tensor_data(
+            data=data, key=DENSE_REFERENCE, default=False
+        )
+        self._pass, self._microbatch = (None if dense else "infer"), 0
         try:
             return super().infer_batch(data, loss_function)
         finally:
@@ -347,6 +369,15 @@ class TwoCircuitEngineMixin:
         if first:
             self._in_tick, self._microbatch = True, 0
         extra: dict[str, float] = {}
+        if self.method.dense_reference_due(ctrl.tick) and "ref_log_prob" in data:
+            if DENSE_REF_KEY not in data:
+                raise ConfigError(
+                    f"tick {ctrl.tick} fires the anchor, whose dense replay needs the reference's dense "
+                    f"log-probs ({DENSE_REF_KEY}) besides the codec's (method.kl_ref_forward=codec); "
+                    "train with commrl verl-train (CommrlPPOTrainer adds them), or set "
+                    "method.kl_ref_forward=dense"
+                )
+            loss_function = dense_reference(loss_function)
         try:
             if ctrl.is_fire_tick() and first:
                 outputs = {}

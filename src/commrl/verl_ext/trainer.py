@@ -19,6 +19,12 @@ What it adds to verl's metrics (nothing is renamed away; verl's own names stay):
   nonzero advantage; ``eligible_mask``), the fraction whose policy-gradient loss has a nonzero gradient
   after clipping and correction, counted by the engine (``counting_effective_tokens``).
 
+On an anchor fire with the reference through the codec (``MethodConfig.dense_reference_due``) the trainer
+also asks the reference worker for its dense log-probs (``engine.DENSE_REFERENCE``), which the anchor's dense
+updates take their KL term against (``engine.DENSE_REF_KEY``); that tick's ``actor/kl_loss`` is then the
+read-out every other tick logs, the trainer's old pass against the codec reference (``grpo.batch_kl``), not
+the dense replay's KL at the projected weights (the local driver logs the same).
+
 verl logs the rollout correction's ``rollout_corr/*`` itself (decoupled mode: its trainer, every step;
 bypass mode: the workers' ``bypass_mode`` loss). In bypass mode the trainer's old pass does not run
 (``old_log_probs`` are the sampler's), so ``mismatch/*`` are not logged.
@@ -61,7 +67,13 @@ from commrl.rl.mismatch import mismatch_metrics
 from commrl.run import preempt
 from commrl.verl_ext.checkpoint import latest_tick
 from commrl.verl_ext.config import METHOD_ENV, method_from_env
-from commrl.verl_ext.engine import EFFECTIVE_TOKENS, ELIGIBLE_KEY, ELIGIBLE_TOKENS
+from commrl.verl_ext.engine import (
+    DENSE_REF_KEY,
+    DENSE_REFERENCE,
+    EFFECTIVE_TOKENS,
+    ELIGIBLE_KEY,
+    ELIGIBLE_TOKENS,
+)
 
 ALIASES = {
     "critic/score/mean": "score/mean",
@@ -209,6 +221,19 @@ def effective_token_frac(metrics: dict[str, Any]) -> None:
     metrics["actor/effective_token_frac"] = float(sum(_as_list(carrying))) / total if total > 0 else 0.0
 
 
+def fire_kl_loss(batch, actor) -> float:
+    """A fire tick's ``actor/kl_loss``: the trainer's old pass against the (codec) reference pass over the
+    step's batch (``grpo.batch_kl``, verl's estimator and aggregation), the read-out of every other tick."""
+    from commrl.rl.grpo import batch_kl
+
+    tensors = batch.batch
+    mask = tensors["response_mask"].bool()
+    kl = batch_kl(
+        actor.kl_loss_type, actor.loss_agg_mode, tensors["old_log_probs"], tensors["ref_log_prob"], mask
+    )
+    return float(kl)
+
+
 def _as_list(value: Any) -> list[float]:
     return [float(v) for v in value] if isinstance(value, list | tuple) else [float(value)]
 
@@ -274,6 +299,23 @@ class CommrlPPOTrainer(RayPPOTrainer):
         super().__init__(*args, **kwargs)
         self.checks = StepChecks(method_from_env(), HealthConfig())
 
+    def _dense_reference_due(self) -> bool:
+        """Whether this step (tick ``global_steps - 1``) fires the anchor, the reference through a codec."""
+        method = self.checks.method
+        return method is not None and method.dense_reference_due(self.global_steps - 1)
+
+    def _compute_ref_log_prob(self, batch):
+        """verl's reference pass; on a ``_dense_reference_due`` step its dense one too (``DENSE_REF_KEY``)."""
+        ref = super()._compute_ref_log_prob(batch)
+        if self._dense_reference_due():
+            batch.meta_info[DENSE_REFERENCE] = True
+            try:
+                dense = super()._compute_ref_log_prob(batch)
+            finally:
+                batch.meta_info.pop(DENSE_REFERENCE)
+            ref.batch[DENSE_REF_KEY] = dense.batch["ref_log_prob"]
+        return ref
+
     def _update_actor(self, batch):
         batch.batch[ELIGIBLE_KEY] = eligible_mask(batch, self.config)
         try:
@@ -284,6 +326,8 @@ class CommrlPPOTrainer(RayPPOTrainer):
         effective_token_frac(metrics)
         if not bypass_mode(self.config):  # bypass: old_log_probs are the sampler's, nothing to compare
             metrics.update(batch_mismatch(batch))
+            if "actor/kl_loss" in metrics and DENSE_REF_KEY in batch.batch.keys():  # noqa: SIM118
+                metrics["actor/kl_loss"] = fire_kl_loss(batch, self.config.actor_rollout_ref.actor)
         self.checks.after_update(metrics, self.global_steps)
         return output
 
