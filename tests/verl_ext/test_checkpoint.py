@@ -91,6 +91,25 @@ def test_a_rerun_of_a_finished_run_trains_nothing(two_ticks, tmp_path, monkeypat
     assert run.info.status == "FINISHED" and run.data.tags["ticks"] == "2"
 
 
+def test_checkpoints_on_another_file_system_are_summarised(two_ticks, tmp_path, monkeypatch):
+    """``trainer.default_local_dir`` given on the command line (a scratch file system): the summary counts and
+    exports the checkpoints verl wrote there, not the missing ``DIR/checkpoints``."""
+    out, scratch = tmp_path / "run", tmp_path / "scratch" / "ckpt"
+    shutil.copytree(two_ticks[0], scratch)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setattr(verl_train, "run_verl", lambda cfg: None)  # a complete run: nothing to train
+    spec = spec_of(2, 1)
+    overrides = [*vc.run_overrides(spec, out, tmp_path / "data", tracking_uri=uri)]
+    cfg = vc.compose_verl_config([*overrides, f"trainer.default_local_dir={scratch}"])
+    assert verl_train.train(spec, cfg, out, uri, None, record.RunSpec()) == 0
+    summary = RunSummary.read(out)
+    assert (summary.ticks_trained, summary.complete) == (2, True)
+    assert summary.final == str(out / "final") and summary.read == str(out / "tick1")
+    assert not (out / "checkpoints").exists()
+
+
 def test_no_checkpoint_means_zero_ticks(tmp_path):
     summary = summarize_run(tmp_path, spec_of(100, 100), ticks_asked=100, mlflow_run_id=None)
     assert (summary.ticks_trained, summary.final, summary.read, summary.complete) == (0, None, None, False)

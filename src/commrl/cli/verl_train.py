@@ -12,8 +12,10 @@ as an HF folder), ``DIR/tick<read_at>`` when the read point is an earlier checkp
 
 Exit status: 0 when every asked tick was trained; 2 on a configuration error (``ConfigError``, missing
 data files included: ``commrl.cli.main``); 1 without a GPU or when verl failed; 3 when verl trained fewer
-ticks than asked; 75 when a preemption or time-limit warning (SIGUSR1, or SIGTERM, reaching verl's
-TaskRunner process) stopped it after a step saved by verl: rerun to resume.
+ticks than asked; 75 when a preemption or time-limit warning (SIGUSR1, reaching verl's TaskRunner
+process) stopped it after a step saved by verl: rerun to resume. A bare SIGTERM (preemption without the
+warning) ends Ray's processes at once: the run then resumes from its last ``save_freq`` checkpoint (README
+"Preemption and time limits").
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
     OmegaConf.update(cfg, f"{vc.ENV_VARS_KEY}.MLFLOW_RUN_ID", run_id, force_add=True)
     os.environ.update({"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_RUN_ID": run_id})
     error: BaseException | None = None
-    done = latest_tick(Path(cfg.trainer.default_local_dir))
+    checkpoints = Path(cfg.trainer.default_local_dir)
+    done = latest_tick(checkpoints)
     if done >= ticks:
         print(f"commrl verl-train: {out_dir} already holds tick {done} of {ticks}; nothing to train")
     else:
@@ -128,7 +131,7 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
         record.mark_preempted(run_id, stop.tick, stop.signal_name, tracking_uri)
         print(f"commrl verl-train: {stop}; rerun to resume (exit {preempt.EXIT_PREEMPTED})", file=sys.stderr)
         return preempt.EXIT_PREEMPTED
-    summary = summarize_run(out_dir, spec, ticks, run_id, tracking_uri)
+    summary = summarize_run(out_dir, spec, ticks, run_id, tracking_uri, checkpoints=checkpoints)
     status = "FINISHED" if summary.complete and error is None else "FAILED"
     record.finish_run(run_id, status, tracking_uri=tracking_uri)
     if error is not None:

@@ -67,15 +67,19 @@ def summarize_run(
     ticks_asked: int,
     mlflow_run_id: str | None,
     tracking_uri: str | None = None,
+    checkpoints: Path | None = None,
 ) -> RunSummary:
     """Count the ticks trained, export ``DIR/final`` (the last tick) and ``DIR/tick<read_at>``, write
     ``DIR/summary.json`` (val/acc per validation from the run's MLflow history).
+
+    ``checkpoints``: verl's ``trainer.default_local_dir`` (``DIR/checkpoints`` unless overridden, e.g. to a
+    scratch file system).
 
     The read-point folder is written only when the read point is an earlier checkpoint than the last one
     (the KL runs of pair A go to 150 ticks and are read at 100); otherwise ``final`` is the read point.
     """
     out_dir = Path(out_dir)
-    checkpoints = out_dir / "checkpoints"
+    checkpoints = out_dir / "checkpoints" if checkpoints is None else Path(checkpoints)
     trained = latest_tick(checkpoints)
     final = None
     if trained > 0:
