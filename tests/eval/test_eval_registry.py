@@ -81,6 +81,36 @@ def test_generation_settings_follow_the_budget_and_never_fix_a_seed(budget):
         assert kwargs["temperature"] == bench.temperature
 
 
+def test_sampled_settings_truncate_nothing_on_the_hf_backend(tiny_model_dir, monkeypatch):
+    """avg@k's settings as lm-eval's HFLM hands them to transformers ``generate`` (without ``until`` and
+    ``max_gen_toks``, which it translates): no top-k or top-p warper runs (transformers' own default is
+    top_k=50), so the hf backend samples the distribution vLLM and the rollouts sample."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.generation import logits_process
+
+    calls: list[str] = []
+
+    def recording(name: str):
+        def call(self, input_ids, scores):
+            calls.append(name)
+            return scores
+
+        return call
+
+    for name in ("TopKLogitsWarper", "TopPLogitsWarper"):
+        monkeypatch.setattr(getattr(logits_process, name), "__call__", recording(name))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    kwargs = get_benchmark("commrl_aime24").generation_kwargs(4)
+    for key in ("until", "max_gen_toks"):
+        kwargs.pop(key)
+    model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=4, pad_token_id=0, **kwargs)
+    assert calls == []
+    kwargs.pop("top_k")  # the check itself: without it transformers truncates to its default 50
+    model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=4, pad_token_id=0, **kwargs)
+    assert "TopKLogitsWarper" in calls
+
+
 def _load_task(tmp_path, name, rows, budget=64):
     from lm_eval.tasks import TaskManager
 

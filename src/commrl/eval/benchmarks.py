@@ -94,7 +94,9 @@ class Benchmark:
     def generation_kwargs(self, max_gen_toks: int) -> dict[str, Any] | None:
         """lm-eval ``generation_kwargs`` for a response budget of ``max_gen_toks`` (None for ``mc``).
 
-        Never a ``seed``: a per-request seed makes the ``k`` samples of avg@k identical.
+        Never a ``seed``: a per-request seed makes the ``k`` samples of avg@k identical. Sampled: the whole
+        distribution (``top_p`` 1, ``top_k`` 0), as vLLM and verl's rollouts sample; transformers would
+        otherwise fill in its own default ``top_k=50`` on the hf backend.
         """
         if self.kind == MC:
             return None
@@ -105,7 +107,7 @@ class Benchmark:
             "until": list(STOP_STRINGS),
             "do_sample": sampled,
             "temperature": self.temperature,
-            **({"top_p": 1.0} if sampled else {}),
+            **({"top_p": 1.0, "top_k": 0} if sampled else {}),
             "max_gen_toks": int(max_gen_toks),
         }
 
