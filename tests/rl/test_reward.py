@@ -1,5 +1,5 @@
-"""The reward: the integer fast path gives math-verify's verdict; answers outside a box score 0; math-verify
-is bounded in any thread."""
+"""The reward: the integer fast path gives math-verify's verdict; answers outside a box score 0; e-notation
+and small numbers are compared as numbers; math-verify is bounded in any thread."""
 
 from __future__ import annotations
 
@@ -32,6 +32,31 @@ def test_non_integer_answers_go_to_math_verify():
     assert boxed_reward("\\boxed{x}", "173") == 0.0
     assert boxed_reward("173", "173") == 0.0  # the answer must be boxed
     assert compute_score("toy", "\\boxed{7}", "7") == {"score": 1.0, "acc": 1.0}
+
+
+SCIENTIFIC = [  # Minerva's ground truths are often e-notation, which math-verify reads as Euler's number
+    (r"4.5 \times 10^{33}", "4.5e33", 1.0),
+    (r"7.5\times10^{-8}", "7.5e-8", 1.0),
+    ("0.002", "2e-3", 1.0),
+    ("4.5e33", "4.5e33", 1.0),
+    (r"3\times 10^{8}", "3E+8", 1.0),
+    (r"4.6 \times 10^{33}", "4.5e33", 0.0),
+    ("7.5", "7.5e-8", 0.0),
+]
+SMALL = [  # at least 3 significant digits of a small ground truth count (math-verify chops below 1e-15)
+    (r"2\times10^{-19}", r"1\times10^{-19}", 0.0),
+    (r"1.0\times10^{-19}", r"1\times10^{-19}", 1.0),
+    (r"1.7\times10^{-19}", "1.6e-19", 0.0),
+    ("0.00012", "1.2e-4", 1.0),
+    (r"1.23\times 10^{-4}", "1.2e-4", 0.0),
+    ("0.333333", r"\frac{1}{3}", 1.0),  # ground truths >= 1e-3 keep math-verify's own rounding
+    ("0.7071068", r"\frac{\sqrt{2}}{2}", 1.0),
+]
+
+
+@pytest.mark.parametrize(("answer", "truth", "score"), SCIENTIFIC + SMALL)
+def test_e_notation_and_small_numbers(answer, truth, score):
+    assert boxed_reward(f"\\boxed{{{answer}}}", truth) == score
 
 
 def in_thread(fn, *args, **kwargs):

@@ -1,7 +1,10 @@
 """The verifiable reward: 1 when the last ``\\boxed{}`` of a response verifies against the ground truth.
 
 math-verify alone is lenient (it falls back to the last number of any text), so the answer is required
-in ``\\boxed{}``: a response without a complete box scores 0. ``compute_score`` has verl's custom reward
+in ``\\boxed{}``: a response without a complete box scores 0. Two readings on top of math-verify: an answer
+or ground truth written in e-notation (``4.5e33``, as Minerva's are) is read as ``4.5 \\times 10^{33}``, not
+with Euler's number; and at least three significant digits of a small ground truth count (math-verify's
+fixed decimals and chopping would take 2e-19 for 1e-19). ``compute_score`` has verl's custom reward
 signature, so the cluster driver uses the same function (``reward.custom_reward_function``).
 
 math-verify bounds its parsing and comparison with ``signal.alarm``, which only the main thread may use;
@@ -24,10 +27,37 @@ from typing import Any
 from commrl.data.boxed import last_boxed
 
 _INTEGER = re.compile(r"[+-]?\d+")
+_E_NOTATION = re.compile(r"\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)[eE]([+-]?\d+)\s*")
+FLOAT_DECIMALS, NUMERIC_PRECISION = 6, 15  # math-verify's defaults (float_rounding, numeric_precision) ...
+SIGNIFICANT_DIGITS = 3  # ... with more digits where the ground truth is small, so that this many of it count
 VERIFY_TIMEOUT_S = 5  # math-verify's own timeout of each parse and of the comparison (whole seconds)
 STARTUP_TIMEOUT_S = 120.0  # a verifier child's start (imports math-verify and sympy)
 VERIFIERS = 4  # verifier children a process runs at most (one call each at a time)
 _READY = "ready"
+
+
+def scientific_latex(text: str) -> str:
+    """A whole answer in e-notation as LaTeX: ``4.5e33`` -> ``4.5 \\times 10^{33}``; anything else as it is.
+
+    math-verify reads ``e`` as Euler's number (``4.5e33`` = 4.5 * e * 33), so a correct ``4.5 \\times
+    10^{33}`` would not verify against a ground truth written ``4.5e33`` (Minerva's are)."""
+    match = _E_NOTATION.fullmatch(text)
+    return f"{match[1]} \\times 10^{{{match[2]}}}" if match else text
+
+
+def extra_digits(gold: list) -> int:
+    """Digits math-verify's comparison needs beyond its defaults (floats rounded to ``FLOAT_DECIMALS``
+    places; other differences evaluated to ``NUMERIC_PRECISION`` digits and chopped) for a small numeric
+    ground truth, so that at least ``SIGNIFICANT_DIGITS`` of it count: 2e-19 is not 1e-19. 0 otherwise."""
+    import math
+
+    try:
+        value = abs(float(gold[0]))
+    except (IndexError, TypeError, ValueError):
+        return 0
+    if value == 0 or not math.isfinite(value):
+        return 0
+    return max(0, SIGNIFICANT_DIGITS - 1 - math.floor(math.log10(value)) - FLOAT_DECIMALS)
 
 
 def _math_verify(ground_truth: str, answer: str, timeout_s: int) -> bool:
@@ -35,9 +65,20 @@ def _math_verify(ground_truth: str, answer: str, timeout_s: int) -> bool:
     from math_verify import parse, verify
 
     try:
-        gold = parse(f"${ground_truth}$", parsing_timeout=timeout_s)
-        pred = parse(f"${answer}$", parsing_timeout=timeout_s)
-        return bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=timeout_s))
+        gold = parse(f"${scientific_latex(ground_truth)}$", parsing_timeout=timeout_s)
+        pred = parse(f"${scientific_latex(answer)}$", parsing_timeout=timeout_s)
+        if not (gold and pred):
+            return False
+        extra = extra_digits(gold)
+        return bool(
+            verify(
+                gold,
+                pred,
+                float_rounding=FLOAT_DECIMALS + extra,
+                numeric_precision=NUMERIC_PRECISION + extra,
+                timeout_seconds=timeout_s,
+            )
+        )
     except Exception:
         return False
 
