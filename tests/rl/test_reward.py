@@ -31,6 +31,8 @@ def test_non_integer_answers_go_to_math_verify():
     assert boxed_reward("\\boxed{173.0}", "173") == 1.0
     assert boxed_reward("\\boxed{x}", "173") == 0.0
     assert boxed_reward("173", "173") == 0.0  # the answer must be boxed
+    assert boxed_reward("\\boxed{7} so far; finally \\boxed{7", "7") == 0.0  # the final box was cut off
+    assert boxed_reward("\\boxed{\\frac{1}{2}} then \\fbox{1/2}", "0.5") == 1.0
     assert compute_score("toy", "\\boxed{7}", "7") == {"score": 1.0, "acc": 1.0}
 
 

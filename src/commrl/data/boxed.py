@@ -8,15 +8,12 @@ BOX_COMMANDS = ("\\boxed", "\\fbox")
 def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
 
-    ``\\boxed 5`` (no braces) yields the token after the space. Returns None when there is no complete box.
+    ``\\boxed 5`` (no braces) yields the token after the space. Returns None when there is no box, or when
+    the last one is cut off (a truncated response): an earlier box is not the final answer (verl's
+    ``last_boxed_only_string`` reads it the same way).
     """
     start = max(text.rfind(cmd) for cmd in BOX_COMMANDS)
-    while start >= 0:
-        content = _box_content(text, start)
-        if content is not None:
-            return content
-        start = max(text.rfind(cmd, 0, start) for cmd in BOX_COMMANDS)
-    return None
+    return _box_content(text, start) if start >= 0 else None
 
 
 def _box_content(text: str, start: int) -> str | None:
