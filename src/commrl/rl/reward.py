@@ -1,11 +1,12 @@
 """The verifiable reward: 1 when the last ``\\boxed{}`` of a response verifies against the ground truth.
 
 math-verify alone is lenient (it falls back to the last number of any text), so the answer is required
-in ``\\boxed{}``: a response without a complete box scores 0. Two readings on top of math-verify: an answer
-or ground truth written in e-notation (``4.5e33``, as Minerva's are) is read as ``4.5 \\times 10^{33}``, not
-with Euler's number; and at least three significant digits of a small ground truth count (math-verify's
-fixed decimals and chopping would take 2e-19 for 1e-19). ``compute_score`` has verl's custom reward
-signature, so the cluster driver uses the same function (``reward.custom_reward_function``).
+in ``\\boxed{}``: a response whose last box is missing or cut off scores 0. Two readings on top of
+math-verify: an answer or ground truth written in e-notation (``4.5e33``, as Minerva's are) is read as
+``4.5 \\times 10^{33}``, not with Euler's number; and at least three significant digits of a small ground
+truth count (math-verify's fixed decimals and chopping would take 2e-19 for 1e-19). ``compute_score`` has
+verl's custom reward signature, so the cluster driver uses the same function
+(``reward.custom_reward_function``).
 
 math-verify bounds its parsing and comparison with ``signal.alarm``, which only the main thread may use;
 verl calls the reward from its executor threads. Off the main thread, ``verify_answer`` therefore hands the
