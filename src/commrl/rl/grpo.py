@@ -139,21 +139,27 @@ def effective_token_counts(
 
 
 def batch_kl(kl_type: str, loss_agg_mode: str, log_prob, ref_log_prob, mask) -> torch.Tensor:
-    """``agg_loss(kl_penalty(log_pi, log_pi_ref))`` over one whole batch: a tick's ``actor/kl_loss`` read-out
-    (the trainer's old pass against the reference pass), as both drivers log it."""
-    from verl.trainer.ppo import core_algos
-
-    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=kl_type)
-    return core_algos.agg_loss(
-        loss_mat=kld, loss_mask=mask, loss_agg_mode=loss_agg_mode, **global_batch(mask)
-    )
+    """``agg_loss(kl_penalty(log_pi, log_pi_ref))`` over one whole batch (its own ``global_batch``): a
+    tick's read-outs (``actor/kl_loss``, the trainer's old pass against the reference pass, as both drivers
+    log it; ``policy/kl_true_weights``)."""
+    return _kl(kl_type, loss_agg_mode, log_prob, ref_log_prob, mask, global_batch(mask))
 
 
 def kl_value(actor_cfg, log_prob, ref_log_prob, mask) -> torch.Tensor:
-    """``agg_loss(kl_penalty(log_pi, log_pi_ref))`` with the configured estimator (low_var_kl = k3)."""
+    """``agg_loss(kl_penalty(log_pi, log_pi_ref))`` with the configured estimator (low_var_kl = k3), over
+    the mini-batch ``set_global_batch`` named (a micro-batch's term of the loss)."""
+    return _kl(
+        actor_cfg.kl_loss_type,
+        actor_cfg.loss_agg_mode,
+        log_prob,
+        ref_log_prob,
+        mask,
+        actor_cfg.global_batch_info,
+    )
+
+
+def _kl(kl_type: str, loss_agg_mode: str, log_prob, ref_log_prob, mask, global_info) -> torch.Tensor:
     from verl.trainer.ppo import core_algos
 
-    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=actor_cfg.kl_loss_type)
-    return core_algos.agg_loss(
-        loss_mat=kld, loss_mask=mask, loss_agg_mode=actor_cfg.loss_agg_mode, **actor_cfg.global_batch_info
-    )
+    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=kl_type)
+    return core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=loss_agg_mode, **global_info)

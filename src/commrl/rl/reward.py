@@ -17,6 +17,7 @@ timeouts), and kills and replaces the child when it does not answer within a har
 from __future__ import annotations
 
 import json
+import math
 import queue
 import re
 import select
@@ -50,8 +51,6 @@ def extra_digits(gold: list) -> int:
     """Digits math-verify's comparison needs beyond its defaults (floats rounded to ``FLOAT_DECIMALS``
     places; other differences evaluated to ``NUMERIC_PRECISION`` digits and chopped) for a small numeric
     ground truth, so that at least ``SIGNIFICANT_DIGITS`` of it count: 2e-19 is not 1e-19. 0 otherwise."""
-    import math
-
     try:
         value = abs(float(gold[0]))
     except (IndexError, TypeError, ValueError):

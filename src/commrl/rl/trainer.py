@@ -444,7 +444,6 @@ class LocalTrainer:
         old = self._log_probs(self.model, batch, "compressed", start=self.per_mini if reuse else 0)
         ref_mode = "compressed" if self.method.kl_ref_forward == "codec" else "dense"
         ref = self._log_probs(self.ref, batch, ref_mode)
-        grpo.set_global_batch(self.actor_cfg, mask)
         metrics: dict[str, float] = {
             "score/mean": float(scores.mean()),
             "response_length/mean": float(mask.sum(-1).mean()),
@@ -452,14 +451,17 @@ class LocalTrainer:
         }
         # The dense reference: the anchor's replay needs it; the true-weight KL read-out (sampler policy
         # against the dense base) is logged where it costs no extra pass, and at every validation tick.
+        actor = self.actor_cfg
         ref_dense = None
         if ref_mode == "dense" or self.method.codec == "identity":
             ref_dense = ref
-        elif fire or (tick + 1) % cfg.rl.val_every == 0:
+        elif self.method.dense_reference_due(tick) or (tick + 1) % cfg.rl.val_every == 0:
             ref_dense = self._log_probs(self.ref, batch, "plain")
         if ref_dense is not None and self.sampler_codec is None:
             metrics["policy/kl_true_weights"] = float(
-                grpo.kl_value(self.actor_cfg, batch.sampler_log_probs, ref_dense, mask.bool())
+                grpo.batch_kl(
+                    actor.kl_loss_type, actor.loss_agg_mode, batch.sampler_log_probs, ref_dense, mask.bool()
+                )
             )
         # A decoupled correction (verl's IS weights and rejection mask) from the trainer's old pass.
         corr = None
@@ -486,7 +488,6 @@ class LocalTrainer:
             metrics.update(replay_metrics)
         else:
             metrics.update(self._fast_update(batch, adv, behaviour, ref, fill_first=reuse, corr=corr))
-        actor = self.actor_cfg
         metrics["actor/kl_loss"] = float(
             grpo.batch_kl(actor.kl_loss_type, actor.loss_agg_mode, old, ref, mask.bool())
         )
