@@ -248,10 +248,11 @@ def fill_store(uri: str) -> None:
 
 def fill_sweep_as_commrl_sweep_logs_it(client, exp_id: str) -> None:
     """``commrl.sweep``'s convention: ``read_at`` a param of the parent, searched values in tags
-    ``optuna.params.<name>``, the objective ``val/acc`` at ``read_at`` (no ``objective`` metric)."""
+    ``optuna.params.<name>``, the objective ``val/acc`` at ``read_at`` (no ``objective`` metric), the
+    training seed in tag ``seed``; trials 1 and 2 tie."""
     sweep = client.create_run(exp_id, run_name="sweep/A-study", tags={"kind": "sweep"})
     client.log_param(sweep.info.run_id, "read_at", 50)
-    for number, (rank, val_at_50) in enumerate(((8, 0.61), (32, 0.66))):
+    for number, (rank, val_at_50) in enumerate(((8, 0.61), (32, 0.66), (16, 0.66))):
         trial = client.create_run(
             exp_id,
             run_name=f"A/A-study/trial{number:04d}",
@@ -260,6 +261,7 @@ def fill_sweep_as_commrl_sweep_logs_it(client, exp_id: str) -> None:
                 "mlflow.parentRunId": sweep.info.run_id,
                 "optuna.state": "COMPLETE",
                 "optuna.trial": str(number),
+                "seed": "0",
                 "optuna.params.rank": str(rank),
                 "optuna.params.alpha": "0.25",
             },

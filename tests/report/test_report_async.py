@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from commrl.report import ClaimThresholds, evaluate_claims
+from commrl.report import ClaimThresholds, evaluate_claims, stats
 from commrl.report import figures as fg
 from commrl.report.runs import TRAIN_METRICS, PairRuns, Series, TrainRun
 from commrl.report.style import ASYNC_CONDITIONS, condition_colours
@@ -114,6 +114,12 @@ def test_claim_14_names_the_correction_that_closes_the_gap():
     assert closes.decided_by.quantity == "val dense_async - method_async_icepop"
     assert closes.interval.estimate == pytest.approx(0.02) and closes.interval.high <= 0.05
     assert closes.threshold.startswith("val dense_async - corrected at read <= 0.05 for any of")
+    # three alternatives: each interval at 1 - 0.05/3 (Bonferroni), wider than one 95% interval
+    assert [c.interval.confidence for c in closes.checks] == pytest.approx([1 - 0.05 / 3] * 3)
+    assert "method_async_icepop: 98.3% CI" in closes.reason
+    by_seed = [{str(i): v for i, v in enumerate(spread(m, w))} for m, w in ((0.70, 0.002), (0.68, 0.004))]
+    at_95 = stats.difference_interval(*by_seed)
+    assert closes.interval.low < at_95.low and closes.interval.high > at_95.high
 
     none_close = claims(pair({**HEALTHY, "method_async_icepop": seeds(spread(0.50))}))[14]
     assert none_close.status == "MISS" and none_close.reason.startswith("passing: none;")

@@ -110,11 +110,22 @@ def test_table_values_are_seed_means_with_intervals_of_the_logged_inputs(built):
     assert sweeps["sweep-A"][2:] == [
         3,
         "COMPLETE 2, PRUNED 1",
+        None,  # no seed tags
         "trial-0001",
         0.6,
         "rank=16, alpha=0.25, beta=0.25, cadence=20",
+        "none",
     ]
-    assert sweeps["sweep/A-study"][2:] == [2, "COMPLETE 2", "trial 1", 0.66, "rank=32, alpha=0.25"]
+    # one training seed behind every objective; on a tie the trial that started first, the tie named
+    assert sweeps["sweep/A-study"][2:] == [
+        3,
+        "COMPLETE 3",
+        "0",
+        "trial 1",
+        0.66,
+        "rank=32, alpha=0.25",
+        "trial 2",
+    ]
     assert any("evaluation eval/commrl_math500 dropped: it is FAILED" in n for n in built.notes)
 
 

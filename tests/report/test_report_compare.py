@@ -140,3 +140,34 @@ def test_write_comparison_without_t_cells_draws_nothing(tmp_path):
     base = write_report(tmp_path / "a", {"dense": [0.6]})
     written = write_comparison(compare_reports(base, base), tmp_path / "o")
     assert [p.name for p in written] == ["compare.md", "compare.json"]
+
+
+def test_each_metric_of_a_benchmark_is_a_cell_of_its_own(tmp_path):
+    """The benchmarks table has a row per (benchmark, metric): avg@8's acc and pass@8 rows share their
+    first cell, and both are compared; a key met twice is refused rather than merged."""
+    base = write_report(tmp_path / "a", BASE)
+    tables = json.loads((base / "tables.json").read_text())
+    rows = [
+        ["toy (avg@8)", "toy_avg8", "acc", t_cell([0.50, 0.52, 0.49]), t_cell([0.44, 0.45, 0.44])],
+        ["toy (avg@8)", "toy_avg8", "pass_at_8", t_cell([0.93, 0.94, 0.92]), t_cell([0.94, 0.93, 0.94])],
+    ]
+    benchmarks = {"columns": ["benchmark", "task", "metric", "dense", "method"], "rows": rows}
+    tables["pairs"]["tiny"]["tables"]["benchmarks"] = benchmarks
+    (base / "tables.json").write_text(json.dumps(tables))
+    got = {
+        (x.row, x.column): x.base.estimate
+        for x in compare_reports(base, base).cells
+        if x.table == "benchmarks"
+    }
+    assert got == {
+        ("toy (avg@8)/toy_avg8/acc", "dense"): pytest.approx(0.5033, abs=1e-4),
+        ("toy (avg@8)/toy_avg8/acc", "method"): pytest.approx(0.4433, abs=1e-4),
+        ("toy (avg@8)/toy_avg8/pass_at_8", "dense"): pytest.approx(0.93),
+        ("toy (avg@8)/toy_avg8/pass_at_8", "method"): pytest.approx(0.9367, abs=1e-4),
+    }
+    rows.append(rows[0])
+    (base / "tables.json").write_text(json.dumps(tables))
+    with pytest.raises(
+        ReportInputError, match=r"two cells named tiny/benchmarks/toy \(avg@8\)/toy_avg8/acc/dense"
+    ):
+        compare_reports(base, base)

@@ -136,6 +136,9 @@ def test_mean_bands_per_column_over_the_seeds_that_logged_it():
         ([0.01, 0.02, 0.03], "at_least", 0.05, st.MISS),  # clear miss
         ([0.00, 0.05, 0.10], "at_least", 0.05, st.INCONCLUSIVE),  # straddles
         ([0.30], "at_least", 0.05, st.INCONCLUSIVE),  # one seed, however far
+        ([0.020, 0.021, 0.022], "above", 0.0, st.PASS),
+        ([-0.020, -0.021, -0.022], "above", 0.0, st.MISS),
+        ([-0.01, 0.0, 0.01], "above", 0.0, st.INCONCLUSIVE),
         ([0.10, 0.11, 0.12], "at_most", 0.9, st.PASS),
         ([0.95, 0.96, 0.97], "at_most", 0.9, st.MISS),
         ([0.00, 0.01, -0.01], "within", 0.05, st.PASS),
@@ -150,10 +153,12 @@ def test_verdict_is_three_way_on_the_interval(values, side, threshold, status):
     assert reason == "n=1: no interval" if len(values) == 1 else reason.startswith("95% CI [")
 
 
-def test_verdict_on_a_point_interval_at_the_threshold_passes_and_unknown_side_fails():
+def test_verdict_on_a_point_interval_at_the_threshold_and_unknown_side_fails():
+    """At the threshold with no spread (every seed tied): ``x >= t`` passes, ``x > t`` misses."""
     assert st.verdict(st.mean_interval([0.05, 0.05]), "at_least", 0.05)[0] == st.PASS
-    with pytest.raises(ValueError, match="side 'above'"):
-        st.verdict(st.mean_interval([1.0, 2.0]), "above", 0.0)
+    assert st.verdict(st.mean_interval([0.0, 0.0, 0.0]), "above", 0.0) == (st.MISS, "95% CI [0, 0] <= 0")
+    with pytest.raises(ValueError, match="side 'beyond'"):
+        st.verdict(st.mean_interval([1.0, 2.0]), "beyond", 0.0)
 
 
 def test_interval_text():

@@ -139,6 +139,46 @@ def test_bypass_mode_trains_against_the_sampler_log_probs(tmp_path, toy_data, sm
     assert trainer.actor_cfg.policy_loss.loss_mode == "bypass_mode"
 
 
+def test_bypass_mode_with_a_correction_logs_its_read_outs(tmp_path, toy_data, small_model):
+    """verl's bypass loss applies the correction inside the loss and its read-outs are dropped there; the
+    driver logs them once per tick, from the trainer's pass at the tick's start (pi_theta before the
+    step) against the sampler, with the run's correction (method.md §4b: "with a correction")."""
+    ticks: list[dict[str, float]] = []
+
+    class Metrics(TrainCallbacks):
+        def on_tick(self, step, metrics) -> None:
+            ticks.append(metrics)
+
+    cfg = _cfg(
+        tmp_path,
+        toy_data,
+        small_model,
+        "bypass_tis",
+        "condition=dense",
+        "rl.staleness=1",
+        "rl.behaviour_logprobs=sampler",
+        "rl.rollout_correction.rollout_is=token",
+        "rl.rollout_correction.rollout_is_threshold=2.0",
+        "rl.ticks=2",
+        "rl.read_at=2",
+    )
+    trainer = Recording(cfg, callbacks=Metrics())
+    trainer.train()
+    assert all(update["corr"] is None for update in trainer.updates)  # bypass: verl's loss corrects
+    for tick, metrics in enumerate(ticks):
+        batch = trainer.batches[tick]
+        old = _policy_log_probs(trainer, trainer.weights_at[tick], batch)
+        want = correction.correct(
+            old, batch.sampler_log_probs, batch.response_mask, cfg.rl.rollout_correction
+        )
+        for key in (
+            "rollout_corr/rollout_is_mean",
+            "rollout_corr/rollout_is_eff_sample_size",
+            "rollout_corr/kl",
+        ):
+            assert metrics[key] == pytest.approx(want.metrics[key], rel=1e-5, abs=1e-7), (tick, key)
+
+
 def _hand_clipped_loss(log_prob, old, adv, mask, eps=0.2, clip_c=3.0):
     """PPO's dual-clip objective, token-mean: the loss verl's vanilla / bypass ppo_clip compute."""
     ratio = torch.exp(log_prob - old)

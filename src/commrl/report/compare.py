@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -205,17 +204,37 @@ def cell_interval(cell: Any) -> Interval | None:
     return Interval(float(values[0]), cell["low"], cell["high"], (int(cell["n"]),), str(cell["method"]))
 
 
-def _cells(tables: dict[str, Any]) -> Iterator[tuple[tuple[str, str, str, str], Interval]]:
+def row_label(row: list[Any]) -> str:
+    """A row's name: its leading text cells joined by ``/`` (``dense``; ``toy (avg@8)/toy_avg8/acc`` in the
+    benchmarks table, where a benchmark has a row per metric)."""
+    label = []
+    for cell in row:
+        if not isinstance(cell, str):
+            break
+        label.append(cell)
+    return "/".join(label) or str(row[0])
+
+
+def interval_cells(tables: dict[str, Any]) -> dict[tuple[str, str, str, str], Interval]:
+    """``(pair, table, row, column) -> interval`` for every interval cell of a ``tables.json``; a key met
+    twice raises (two cells would silently become one)."""
+    out: dict[tuple[str, str, str, str], Interval] = {}
     for pair, section in tables.get("pairs", {}).items():
         for name, table in section.get("tables", {}).items():
             if name in SKIPPED_TABLES:
                 continue
             columns = table["columns"]
             for row in table["rows"]:
+                label = row_label(row)
                 for column, cell in zip(columns[1:], row[1:], strict=True):
                     interval = cell_interval(cell)
-                    if interval is not None:
-                        yield (pair, name, str(row[0]), column), interval
+                    if interval is None:
+                        continue
+                    key = (pair, name, label, column)
+                    if key in out:
+                        raise ReportInputError(f"tables.json: two cells named {'/'.join(key)}")
+                    out[key] = interval
+    return out
 
 
 def _claims(claims: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -225,8 +244,8 @@ def _claims(claims: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
 def compare_reports(base_dir: str | Path, other_dir: str | Path) -> Comparison:
     """Pair the interval cells and claims of two reports (see the module docstring)."""
     base_dir, other_dir = Path(base_dir), Path(other_dir)
-    base_cells = dict(_cells(_read(base_dir, "tables.json")))
-    other_cells = dict(_cells(_read(other_dir, "tables.json")))
+    base_cells = interval_cells(_read(base_dir, "tables.json"))
+    other_cells = interval_cells(_read(other_dir, "tables.json"))
     base_claims = _claims(_read(base_dir, "claims.json"))
     other_claims = _claims(_read(other_dir, "claims.json"))
     cells = [CellPair(*key, base_cells[key], other_cells[key]) for key in base_cells if key in other_cells]

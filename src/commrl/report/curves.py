@@ -81,6 +81,20 @@ def value_at(s: Series, tick: int | None) -> tuple[int, float] | None:
     return int(s.steps[i]), float(s.values[i])
 
 
+def until(s: Series, tick: int | None) -> Series:
+    """The ticks ``<= tick`` of ``s`` (all of them when ``tick`` is None): a read-out's window."""
+    if tick is None:
+        return s
+    keep = s.steps <= tick
+    return Series(s.steps[keep], s.values[keep])
+
+
+def windowed(readout: Callable[[Series], T | None], tick: int | None) -> Callable[[Series], T | None]:
+    """``readout`` on the ticks ``<= tick`` of a series: a mean over ticks or a best value read on the
+    window up to the read tick, whatever a run logged after it."""
+    return lambda s: readout(until(s, tick))
+
+
 def exact_at(s: Series, tick: int) -> float | None:
     """The value at exactly ``tick``; None when it was not logged."""
     hit = np.nonzero(s.steps == tick)[0]

@@ -67,8 +67,9 @@ def reading_guide() -> list[str]:
         "threshold, MISS when it lies entirely on the other side, INCONCLUSIVE when it straddles the "
         "threshold or when there is no interval (one seed: 'n=1: no interval'); n/a when its runs or metrics "
         "are missing. A claim of two checks passes when both pass and misses when either misses; a claim "
-        "over alternatives (any of several rollout corrections) passes when any passes and misses when all "
-        "miss, and its 'why' opens with the passing checks ('passing: none' if none). The column 'why' "
+        "over alternatives (any of m rollout corrections) passes when any passes and misses when all "
+        "miss, each of its intervals at 1 - (1 - level)/m (Bonferroni), and its 'why' opens with the passing "
+        "checks ('passing: none' if none). The column 'why' "
         "gives the deciding interval against the threshold.",
     ]
 

@@ -105,6 +105,7 @@ class Trial:
     state: str
     params: dict[str, str]
     objective: float | None
+    seed: str | None = None  # the training seed behind the objective (tag ``seed``)
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Sweep:
     run_id: str
     name: str
     direction: str
-    trials: list[Trial]
+    trials: list[Trial]  # newest first
 
 
 @dataclass
@@ -297,4 +298,5 @@ def _trial(client, run, read_at: int | None) -> Trial:
         at = [m.value for m in client.get_metric_history(run.info.run_id, "val/acc") if m.step == read_at]
         objective = at[-1] if at else None
     name = f"trial {tags['optuna.trial']}" if "optuna.trial" in tags else run.info.run_name or run.info.run_id
-    return Trial(run.info.run_id, name, tags.get("optuna.state", run.info.status), searched, objective)
+    state = tags.get("optuna.state", run.info.status)
+    return Trial(run.info.run_id, name, state, searched, objective, tags.get("seed"))

@@ -142,7 +142,8 @@ def final_scores(runs: PairRuns) -> Table:
 
 
 def best_validation(runs: PairRuns) -> Table:
-    """Per seed: base (first read), best, tick of the best and the value at the read tick of ``val/acc``."""
+    """Per seed: base (first read), best up to the read tick, tick of the best and the value at the read tick
+    of ``val/acc``."""
     columns = ["condition", "seeds", "base", "best", "best tick", "read tick", "at read tick"]
     rows: list[list[Cell]] = []
     for condition in _conditions(runs):
@@ -150,7 +151,7 @@ def best_validation(runs: PairRuns) -> Table:
         if not series:
             continue
         _, base = _split(cv.per_seed(series, cv.first))
-        best_tick, best = _split(cv.per_seed(series, cv.best))
+        best_tick, best = _split(cv.per_seed(series, cv.windowed(cv.best, runs.read_at())))
         ticks, value = _split(cv.per_seed(series, lambda s: cv.value_at(s, runs.read_at())))
         rows.append(
             [
@@ -190,7 +191,8 @@ def kl_table(runs: PairRuns, ticks: Iterable[int] = KL_TICKS) -> Table:
 
 
 def mismatch_table(runs: PairRuns) -> Table:
-    """Per seed the mean over ticks of each sampler/trainer mismatch statistic (method.md §4)."""
+    """Per seed the mean over ticks up to the read tick of each sampler/trainer mismatch statistic
+    (method.md §4)."""
     columns = ["condition", "seeds", *MISMATCH_METRICS.values()]
     rows: list[list[Cell]] = []
     for condition in _conditions(runs):
@@ -198,9 +200,10 @@ def mismatch_table(runs: PairRuns) -> Table:
         if not any(found.values()):
             continue
         seeds = max(len(s) for s in found.values())
-        means = [_interval(cv.per_seed(s, cv.mean_over_ticks).values()) for s in found.values()]
+        mean = cv.windowed(cv.mean_over_ticks, runs.read_at())
+        means = [_interval(cv.per_seed(s, mean).values()) for s in found.values()]
         rows.append([condition, seeds, *means])
-    title = "Mismatch statistics (mean over ticks)"
+    title = "Mismatch statistics (mean over ticks up to the read tick)"
     return (
         Table("mismatch", title, columns, rows)
         if rows
@@ -229,7 +232,8 @@ def async_table(runs: PairRuns) -> Table | None:
             continue
         ticks, at = _split(cv.per_seed(val, lambda s: cv.value_at(s, runs.read_at())))
         _, gain = _split(cv.per_seed(val, lambda s: cv.gain_at(s, runs.read_at())))
-        means = [_interval(cv.per_seed(s, cv.mean_over_ticks).values()) for s in found.values()]
+        mean = cv.windowed(cv.mean_over_ticks, runs.read_at())
+        means = [_interval(cv.per_seed(s, mean).values()) for s in found.values()]
         seeds = max(len(val), *(len(s) for s in found.values()))
         rows.append(
             [
@@ -243,14 +247,17 @@ def async_table(runs: PairRuns) -> Table | None:
         )
     if not rows:
         return None
-    title = "Asynchronous training and rollout correction (val at the read tick, the rest mean over ticks)"
+    title = (
+        "Asynchronous training and rollout correction (val at the read tick, the rest mean over ticks to it)"
+    )
     return Table("async", title, columns, rows)
 
 
 def bytes_table(runs: PairRuns) -> Table:
-    """Per seed the mean ``comm/ratio_vs_dense``; cumulative bytes at the last tick every seed logged; and
-    cumulative relative to dense, the ratio of seed means ``mean_s B_c(t) / mean_s B_dense(t)`` at ``t`` the
-    last tick every seed of both logged (``stats.ratio_interval``, paired by seed when the seeds match)."""
+    """Per seed the mean ``comm/ratio_vs_dense`` up to the read tick; cumulative bytes at the last tick every
+    seed logged; and cumulative relative to dense, the ratio of seed means ``mean_s B_c(t) / mean_s
+    B_dense(t)`` at ``t`` the last tick every seed of both logged (``stats.ratio_interval``, paired by seed
+    when the seeds match)."""
     columns = [
         "condition",
         "seeds",
@@ -271,7 +278,7 @@ def bytes_table(runs: PairRuns) -> Table:
             [
                 condition,
                 max(len(ratio), len(cumulative)),
-                _interval(cv.per_seed(ratio, cv.mean_over_ticks).values()),
+                _interval(cv.per_seed(ratio, cv.windowed(cv.mean_over_ticks, runs.read_at())).values()),
                 last_tick,
                 last,
                 _relative(cumulative, dense),
@@ -328,12 +335,13 @@ def benchmark_table(runs: PairRuns) -> Table:
 
 
 def best_trial(sweep: Sweep):
-    """The finished trial with the best ``objective`` in the sweep's direction; None when there is none."""
+    """The finished trial with the best ``objective`` in the sweep's direction, on a tie the one that started
+    first (``sweep.trials`` is newest first); None when there is none."""
     done = [t for t in sweep.trials if t.objective is not None and t.state in FINISHED_TRIAL_STATES]
     if not done:
         return None
     pick = min if sweep.direction == "minimize" else max
-    return pick(done, key=lambda t: t.objective)
+    return pick(reversed(done), key=lambda t: t.objective)
 
 
 def _ordered(params: dict[str, str]) -> list[tuple[str, str]]:
@@ -342,28 +350,54 @@ def _ordered(params: dict[str, str]) -> list[tuple[str, str]]:
     return [(k, params[k]) for k in first + sorted(set(params) - set(first))]
 
 
+def tied_with(sweep: Sweep, best) -> list[str]:
+    """The other finished trials whose objective equals the best's exactly (the pick among them is the one
+    that started first, not a better value)."""
+    return [
+        t.name
+        for t in sweep.trials
+        if t is not best and t.state in FINISHED_TRIAL_STATES and t.objective == best.objective
+    ]
+
+
 def sweep_table(runs: PairRuns) -> Table | None:
-    """One row per sweep: trials by ``optuna.state``, the best trial, its objective and parameters."""
+    """One row per sweep: trials by ``optuna.state``, the training seeds of its trials (each objective is one
+    seed's), the best trial, its objective and parameters, and the trials tied with it."""
     if not runs.sweeps:
         return None
-    columns = ["sweep", "direction", "trials", "states", "best trial", "objective", "best parameters"]
+    columns = [
+        "sweep",
+        "direction",
+        "trials",
+        "states",
+        "training seeds",
+        "best trial",
+        "objective (one seed)",
+        "best parameters",
+        "tied with best",
+    ]
     rows: list[list[Cell]] = []
     for sweep in runs.sweeps:
         states = Counter(t.state for t in sweep.trials)
         best = best_trial(sweep)
         counts = ", ".join(f"{s} {n}" for s, n in sorted(states.items()))
+        seeds = sorted({t.seed for t in sweep.trials if t.seed is not None})
         rows.append(
             [
                 sweep.name,
                 sweep.direction,
                 len(sweep.trials),
                 counts,
+                ", ".join(seeds) or None,
                 None if best is None else best.name,
                 None if best is None else best.objective,
                 None if best is None else ", ".join(f"{k}={v}" for k, v in _ordered(best.params)),
+                None if best is None else ", ".join(tied_with(sweep, best)) or "none",
             ]
         )
-    return Table("sweeps", "Sweeps", columns, rows)
+    return Table(
+        "sweeps", "Sweeps (each trial trains one seed: its objective has no interval)", columns, rows
+    )
 
 
 def pair_tables(runs: PairRuns) -> list[Table]:

@@ -492,9 +492,9 @@ class LocalTrainer:
             grpo.batch_kl(actor.kl_loss_type, actor.loss_agg_mode, old, ref, mask.bool())
         )
         metrics.update(mismatch_metrics(batch.sampler_log_probs, old, mask))
-        if corr is None:  # verl's trainer-vs-sampler read-outs (rollout_corr/*), every tick
-            off = correction.RolloutCorrection()
-            metrics.update(correction.correct(old, batch.sampler_log_probs, mask, off).metrics)
+        if corr is None:  # verl's trainer-vs-sampler read-outs (rollout_corr/*), every tick; in bypass mode
+            # with a correction also its IS/RS read-outs where the bypass loss starts (pi_theta = old pass)
+            metrics.update(correction.correct(old, batch.sampler_log_probs, mask, self.correction).metrics)
         metrics.pop("actor/kl_loss_minibatch", None)
         metrics.update(self.ctrl.end_tick())  # comm/*, and the fire's / calibration's / fast steps' read-outs
         t_train = time.perf_counter() - t0 - t_sample

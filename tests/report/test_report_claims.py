@@ -1,0 +1,81 @@
+"""Claims on in-memory pairs (``PairRuns`` of synthetic seeds): the read window, unfinished runs and the
+strict claim 12. Pair ``P`` is read at tick 100, validated every 25 ticks; dense and method run on to 150
+(as pair A's long KL runs do), anchor_only stops at 100."""
+
+from __future__ import annotations
+
+import pytest
+
+from commrl.report import evaluate_claims
+from commrl.report.runs import PairRuns, Series, TrainRun
+from commrl.report.tables import best_validation, mismatch_table
+
+READ_AT = 100
+SEEDS = ("0", "1", "2")
+
+
+def series(points: dict[int, float]) -> Series:
+    return Series.from_points(list(points.items()))
+
+
+def run(condition: str, seed: str, val: dict[int, float], corr: dict[int, float], status: str = "FINISHED"):
+    metrics = {"val/acc": series(val), "mismatch/logprob_corr": series(corr)}
+    ticks = max(val)
+    return TrainRun(f"{condition}-{seed}", condition, condition, "", seed, status, READ_AT, ticks, metrics)
+
+
+def pair(runs: list[TrainRun]) -> PairRuns:
+    return PairRuns("P", runs, [], [])
+
+
+def base_runs(anchor_only_val: float = 0.60) -> list[TrainRun]:
+    """dense reads 0.70 at 100 and 0.80 at 150; method 0.62 at 100 (best up to then) and 0.90 at 150;
+    method's log-prob correlation is 0.2 up to tick 100 and 0.95 after; seed i adds 0.001 i."""
+    out = []
+    for seed in SEEDS:
+        d = 0.001 * int(seed)
+        out.append(
+            run("dense", seed, {0: 0.4, 50: 0.6, 100: 0.70 + d, 150: 0.80 + d}, {t: 1.0 for t in range(151)})
+        )
+        method_corr = {t: (0.2 if t <= READ_AT else 0.95) + d for t in range(151)}
+        out.append(run("method", seed, {0: 0.4, 50: 0.5, 100: 0.62 + d, 150: 0.90 + d}, method_corr))
+        out.append(run("anchor_only", seed, {0: 0.4, 50: 0.5, 100: anchor_only_val + d}, {0: 0.3}))
+    return out
+
+
+def claims(runs: list[TrainRun]) -> dict[int, object]:
+    return {c.number: c for c in evaluate_claims(pair(runs))}
+
+
+def test_best_and_means_are_read_up_to_the_read_tick():
+    """Claim 11 and the best-validation table read the best val/acc up to tick 100 (method 0.62 vs dense
+    0.70: a MISS), not the method's 0.90 at tick 150; claim 7 and the mismatch table average the
+    correlation over ticks 0-100 (0.2), not the 0.95 logged after."""
+    got = claims(base_runs())
+    assert got[11].status == "MISS"
+    assert got[11].values["method"] == pytest.approx(0.621) and got[11].values["method_tick"] == "100"
+    assert got[7].status == "PASS" and got[7].interval.estimate == pytest.approx(0.201)
+    best = {row[0]: row for row in best_validation(pair(base_runs())).rows}
+    assert best["method"][3].estimate == pytest.approx(0.621) and best["method"][4].estimate == 100
+    corr = {row[0]: row for row in mismatch_table(pair(base_runs())).rows}
+    assert corr["method"][2].estimate == pytest.approx(0.201)
+
+
+def test_a_run_that_did_not_finish_makes_its_claims_inconclusive_and_is_named():
+    runs = base_runs()
+    runs[1] = run("method", "0", {0: 0.4, 50: 0.72}, {t: 0.2 for t in range(51)}, status="FAILED")
+    got = claims(runs)
+    for number in (7, 11, 12):
+        assert got[number].status == "INCONCLUSIVE"
+        assert got[number].reason.startswith("method seed 0 is FAILED: a claim reads finished runs only")
+        assert not got[number].checks
+    assert got[6].status == "PASS"  # dense alone: every run finished
+
+
+@pytest.mark.parametrize(("anchor_only", "status"), [(0.62, "MISS"), (0.60, "PASS"), (0.64, "MISS")])
+def test_claim_12_needs_the_method_strictly_above_anchor_only(anchor_only, status):
+    """The same val/acc in every seed (a fast circuit that adds nothing) is a MISS of "beats", not a PASS."""
+    got = claims(base_runs(anchor_only))[12]
+    assert got.status == status
+    if anchor_only == 0.62:
+        assert got.reason == "95% CI [0, 0] <= 0"
