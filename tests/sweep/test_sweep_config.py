@@ -12,8 +12,10 @@ from commrl.cli.main import main
 from commrl.errors import ConfigError
 from commrl.sweep.config import SweepConfig, load_sweep_config
 from commrl.sweep.space import method_overrides
+from commrl.sweep.study import IDENTITY_ATTR, check_identity, make_pruner
 
 REPO = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((REPO / "configs" / "sweep").glob("*.yaml"))
 
 
 def with_change(raw: dict, path: str, value) -> dict:
@@ -38,6 +40,11 @@ BAD = [
     ("space.rank", {"type": "float", "low": 4, "high": 32}, "space.rank.type='float' is invalid"),
     ("space.cadence", {"type": "int", "low": 0, "high": 20}, "space.cadence.low=0 is out of range"),
     ("space.cadence", {"type": "int", "low": 2, "high": 20, "step": 4}, "cadence.step=4 does not divide"),
+    (
+        "space.cadence",
+        {"type": "int", "low": 1, "high": 20},
+        "space.cadence.low=1 is out of range for condition method: at K = 1 the anchor fires every tick",
+    ),
     ("space.rank", {"type": "int", "low": 4, "high": 32, "log": True, "step": 2}, "step and log cannot"),
     ("space.rank", {"type": "int", "low": 4, "hi": 32}, "space.rank: unknown key(s) hi"),
     ("defaults.rank", 64, "defaults.rank=64 lies outside space.rank"),
@@ -76,9 +83,73 @@ def test_the_shipped_configs_are_valid_and_enqueue_the_notes_settings():
     assert tiny.defaults == {k: pair[k] for k in ("rank", "alpha", "beta", "cadence")}  # the tiny pair's own
     assert (tiny.ticks, tiny.read_at, tiny.driver, tiny.storage.kind) == (20, 20, "local", "rdb")
     assert tiny.space["rank"].log and tiny.space["rank"].high < 128  # below the tiny hidden size
+    assert tiny.space["cadence"].low == 2  # K = 1 would be dense training
     paper = load_sweep_config(REPO / "configs/sweep/paper_A.yaml")
     assert paper.defaults == {"rank": 77, "alpha": 0.25, "beta": 0.25, "cadence": 20}
     assert (paper.driver, paper.storage.kind, paper.read_at) == ("verl", "journal", 100)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_config_loads(path):
+    cfg = load_sweep_config(path)
+    if not cfg.is_grid and "cadence" in cfg.space.names:
+        assert cfg.space["cadence"].low >= 2
+
+
+def test_a_grid_may_list_cadence_1_as_a_dense_control(sweep_dict):
+    raw = {k: v for k, v in sweep_dict.items() if k not in ("space", "defaults", "n_trials", "seed")}
+    raw.update(sampler={"name": "grid"}, pruner={"name": "none"}, grid={"cadence": [1, 2], "seed": [0]})
+    assert SweepConfig.from_dict(raw).space.values("cadence") == (1, 2)
+
+
+def first_pruned_tick(path: Path) -> int | None:
+    """The first validation tick at which the config's pruner (``make_pruner``) stops a trial below every
+    earlier one, asked as ``PruningHooks`` asks it (validation ticks before ``read_at``)."""
+    cfg = load_sweep_config(path)
+    study = optuna.create_study(direction="maximize", pruner=make_pruner(cfg.pruner))
+    ticks = range(cfg.val_every, cfg.read_at, cfg.val_every)
+    for _ in range(cfg.pruner.options.get("n_startup_trials", 0)):
+        trial = study.ask()
+        for tick in ticks:
+            trial.report(1.0, tick)
+        study.tell(trial, 1.0)
+    trial = study.ask()
+    for tick in ticks:
+        trial.report(0.0, tick)
+        if trial.should_prune():
+            return tick
+    return None
+
+
+@pytest.mark.parametrize(("name", "tick"), [("paper_A.yaml", 50), ("tiny.yaml", 10)])
+def test_the_pruners_first_stop_is_the_one_their_comment_names(name, tick):
+    """Optuna's median pruner prunes from step ``n_warmup_steps`` on (it skips only the steps below)."""
+    assert first_pruned_tick(REPO / "configs" / "sweep" / name) == tick
+    assert f"may stop a trial at tick {tick} " in (REPO / "configs" / "sweep" / name).read_text()
+
+
+def test_the_identity_holds_what_changes_the_trials(sweep_dict):
+    """train_overrides (in any order), the pruner and the defaults change what a trial trains or means: a
+    study refuses a config that changes them; n_trials, n_workers, the heartbeat and the sampler may."""
+    raw = {**sweep_dict, "train_overrides": ["threads=1", "sampler.backend=hf"]}
+    study = optuna.create_study()
+    study.set_user_attr(IDENTITY_ATTR, SweepConfig.from_dict(raw).to_dict())
+    free = {
+        "train_overrides": ["sampler.backend=hf", "threads=1"],
+        "n_trials": 9,
+        "n_workers": 5,
+        "heartbeat": {"interval": 2, "grace": 9, "max_retry": 0},
+        "sampler": {"name": "random", "seed": 4},
+    }
+    check_identity(study, SweepConfig.from_dict({**raw, **free}))
+    refused = [
+        ("train_overrides", ["threads=2", "sampler.backend=hf"]),
+        ("pruner", {"name": "median", "n_warmup_steps": 2}),
+        ("defaults", {**raw["defaults"], "rank": 8}),
+    ]
+    for key, value in refused:
+        with pytest.raises(ConfigError, match=f"created with other settings \\({key}: study has"):
+            check_identity(study, SweepConfig.from_dict({**raw, key: value}))
 
 
 def test_space_suggests_inside_its_bounds_and_keeps_enqueued_values(sweep_dict):
@@ -130,6 +201,16 @@ def test_worker_refuses_a_space_that_differs_from_the_studys(env, sweep_dict, wr
     assert main(["sweep", "worker", "--config", str(write_config(changed, "b.yaml"))]) == 2
     err = capsys.readouterr().err
     assert "created with other settings" in err and "space" in err
+
+
+def test_init_refuses_a_study_trained_under_other_train_overrides(env, sweep_dict, write_config, capsys):
+    one = write_config({**sweep_dict, "train_overrides": ["threads=1"]}, "one.yaml")
+    assert main(["sweep", "init", "--config", str(one)]) == 0
+    two = write_config({**sweep_dict, "train_overrides": ["threads=2"]}, "two.yaml")
+    assert main(["sweep", "init", "--config", str(two)]) == 2
+    err = capsys.readouterr().err
+    assert "train_overrides: study has ['threads=1'], config has ['threads=2']" in err
+    assert "start a new study with another --study name" in err
 
 
 def test_local_trials_are_composed_at_the_space_corners(env, sweep_dict, write_config, tmp_path, capsys):

@@ -134,26 +134,13 @@ def test_a_preempted_trial_is_queued_again_at_once_and_a_signalled_worker_starts
     sweep_dict.update(n_trials=2)
     cfg = SweepConfig.from_dict(sweep_dict)
     init_study(cfg, "preempt")
-
-    def preempted(plan, hooks):
-        class Hooks(TrainCallbacks):
-            def on_tick(self, step, metrics):
-                if step == 3:
-                    raise preempt.Preempted(3, signal.SIGUSR1)
-                hooks.on_tick(step, metrics)
-
-            def on_validation(self, step, accuracy):
-                hooks.on_validation(step, accuracy)
-
-        return FakeDriver(cfg.ticks, cfg.val_every)(plan, Hooks())
-
     with pytest.raises(preempt.Preempted):
-        run_worker(cfg, "preempt", 0, driver=preempted)
+        run_worker(cfg, "preempt", 0, driver=preempting_driver(cfg))
     study = open_study(cfg, "preempt")
     first, retry = study.get_trials()
     assert (first.state, retry.state) == (TrialState.FAIL, TrialState.WAITING)
     assert retry.params == first.params and retry_history(retry) == [first.number]
-    note = "preempted by SIGUSR1 after tick 3 (checkpoint written); re-enqueued with the same params"
+    note = "preempted by SIGUSR1 after tick 3 (checkpoint written); trial 0 re-enqueued with the same params"
     assert first.user_attrs["note"] == note
 
     with preempt.watch():
@@ -167,3 +154,47 @@ def test_a_preempted_trial_is_queued_again_at_once_and_a_signalled_worker_starts
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     starts = (trials_dir(cfg, "preempt") / "trial0000" / "starts.txt").read_text().split("\n")
     assert [line.split()[0] for line in starts if line] == ["0", "3"]
+
+
+def preempting_driver(cfg: SweepConfig):
+    """The fast driver, preempted (checkpointed on SIGUSR1) at tick 3."""
+
+    def preempted(plan, hooks):
+        class Hooks(TrainCallbacks):
+            def on_tick(self, step, metrics):
+                if step == 3:
+                    raise preempt.Preempted(3, signal.SIGUSR1)
+                hooks.on_tick(step, metrics)
+
+            def on_validation(self, step, accuracy):
+                hooks.on_validation(step, accuracy)
+
+        return FakeDriver(cfg.ticks, cfg.val_every)(plan, Hooks())
+
+    return preempted
+
+
+@pytest.mark.parametrize(
+    ("max_retry", "outcome"),
+    [
+        (2, "trial 0 re-enqueued with the same params"),
+        (0, "trial 0 not re-enqueued: its retries reached heartbeat.max_retry=0"),
+    ],
+)
+def test_a_preempted_worker_says_whether_its_trial_was_queued_again(
+    env, sweep_dict, write_config, monkeypatch, capsys, max_retry, outcome
+):
+    """With its retries used (max_retry), a preempted trial is not queued again: its note and the worker's
+    message say so, as they say it was when it was."""
+    sweep_dict.update(n_trials=2, heartbeat={"interval": 1, "grace": 3, "max_retry": max_retry})
+    config = write_config(sweep_dict)
+    cfg = load_sweep_config(config)
+    assert main(["sweep", "init", "--config", str(config), "--study", "p"]) == 0
+    monkeypatch.setattr("commrl.sweep.worker.check_trials", lambda cfg: None)
+    monkeypatch.setattr("commrl.sweep.worker.default_driver", preempting_driver)
+    assert main(["sweep", "worker", "--config", str(config), "--study", "p"]) == preempt.EXIT_PREEMPTED
+    err = capsys.readouterr().err
+    assert f"worker 0: preempted by SIGUSR1 after tick 3 (checkpoint written); {outcome}; rerun" in err
+    trials = open_study(cfg, "p").get_trials()
+    assert trials[0].user_attrs["note"].endswith(outcome)
+    assert [t.state for t in trials] == [TrialState.FAIL] + [TrialState.WAITING] * (max_retry > 0)

@@ -10,9 +10,18 @@ from optuna.trial import TrialState
 
 from commrl import tracking
 from commrl.cli.main import main
+from commrl.errors import ConfigError
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.storage import open_storage, study_names
-from commrl.sweep.study import PARENT_ATTR, SweepError, init_study, make_sampler, open_study
+from commrl.sweep.study import (
+    IDENTITY_ATTR,
+    PARENT_ATTR,
+    SweepError,
+    init_study,
+    make_sampler,
+    open_study,
+    sampler_seed,
+)
 from commrl.sweep.trial_config import trials_dir
 
 
@@ -73,6 +82,53 @@ def test_workers_sample_with_different_seeds(sweep_dict):
 
     assert first_points(0) == first_points(0)
     assert first_points(0) != first_points(1)
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")  # ask/tell, not optimize
+def test_a_restarted_worker_samples_new_points_and_a_fresh_one_the_same_as_before(env, sweep_dict):
+    """A worker rerun with its index (a crash, a requeued job) must not replay the random stream of its
+    first start: it would propose again the points it already trained. Its first start stays seeded
+    ``seed + worker``, so a fresh study proposes the points it always did."""
+    sweep_dict["sampler"]["n_startup_trials"] = 8  # random proposals: the stream alone decides them
+    cfg = SweepConfig.from_dict(sweep_dict)
+    init_study(cfg, "restart")
+
+    def life() -> dict:
+        """One start of worker 0: the defaults if still queued, then one sampled point; all complete."""
+        study = open_study(cfg, "restart", 0)
+        while True:
+            trial = study.ask()
+            point = cfg.space.suggest(trial)
+            study.tell(trial, 0.5)
+            if trial.user_attrs.get("source") != "default":
+                return point
+
+    first, second = life(), life()
+    assert second != first
+    plain = optuna.create_study(direction="maximize", sampler=make_sampler(cfg.sampler, 0))
+    plain.enqueue_trial(cfg.defaults)
+    plain.tell(plain.ask(), 0.5)
+    assert cfg.space.suggest(plain.ask()) == first  # the first start: seed + worker, as always
+
+    assert [sampler_seed(3, w, 0) for w in range(4)] == [3, 4, 5, 6]
+    restarts = {sampler_seed(3, w, s) for w in range(4) for s in (1, 2)}
+    assert len(restarts) == 8 and not restarts & set(range(64))
+
+
+def test_init_records_the_settings_an_older_study_did_not(env, sweep_dict):
+    """A study created before train_overrides, the pruner and the defaults were part of its identity is
+    not refused for them (they cannot be compared); init records the config's, which count from then on."""
+    cfg = SweepConfig.from_dict({**sweep_dict, "train_overrides": ["threads=1"]})
+    init_study(cfg, "old")
+    study = open_study(cfg, "old")
+    new_keys = ("defaults", "pruner", "train_overrides")
+    study.set_user_attr(IDENTITY_ATTR, {k: v for k, v in cfg.to_dict().items() if k not in new_keys})
+    changed = SweepConfig.from_dict({**sweep_dict, "train_overrides": ["threads=2"]})
+    open_study(changed, "old")  # not recorded: accepted
+    init_study(changed, "old")
+    assert open_study(changed, "old").user_attrs[IDENTITY_ATTR] == changed.to_dict()
+    with pytest.raises(ConfigError, match=r"train_overrides: study has \['threads=2'\]"):
+        open_study(cfg, "old")
 
 
 def test_a_new_study_refuses_the_trial_folders_of_a_lost_one(env, sweep_dict):

@@ -72,6 +72,22 @@ def test_summary_writes_every_file_and_logs_them(env, tmp_path, sweep_dict, writ
     assert run.data.metrics["sweep/best_value"] == best["best_value"]
 
 
+def test_summary_names_the_trials_tied_at_the_best_value(env, tmp_path, sweep_dict, write_config, capsys):
+    """Every trial of a search trains one seed: best_params.json says so, and lists the trials whose
+    val/acc equals the best exactly (here the defaults, trained twice), among which the pick is arbitrary."""
+    sweep_dict.update(n_trials=3)
+    config = write_config(sweep_dict)
+    cfg = load_sweep_config(config)
+    assert main(["sweep", "init", "--config", str(config), "--study", "ties"]) == 0
+    open_study(cfg, "ties").enqueue_trial(cfg.defaults)  # the same point again: the same value
+    run_worker(cfg, "ties", 0, driver=FakeDriver(cfg.ticks, cfg.val_every))
+    out = tmp_path / "ties"
+    assert main(["sweep", "summary", "--config", str(config), "--study", "ties", "--out", str(out)]) == 0
+    best = json.loads((out / "best_params.json").read_text())
+    assert (best["best_trial"], best["best_ties"], best["n_seeds"], best["seed"]) == (0, [0, 1], 1, 0)
+    assert "trials [0, 1] tie at that value (one seed each)" in capsys.readouterr().out
+
+
 def test_summary_with_a_single_trial_explains_what_is_missing(env, tmp_path, sweep_dict, write_config):
     sweep_dict.update(n_trials=1)
     config = write_config(sweep_dict)
@@ -94,5 +110,5 @@ def test_summary_of_a_study_without_trials(env, tmp_path, sweep_dict, write_conf
     assert main(["sweep", "summary", "--config", str(config), "--study", "empty", "--out", str(out)]) == 0
     assert "no complete trial yet" in capsys.readouterr().out
     best = json.loads((out / "best_params.json").read_text())
-    assert best["best_params"] is None and best["states"]["WAITING"] == 1
+    assert best["best_params"] is None and best["states"]["WAITING"] == 1 and best["best_ties"] == []
     assert pd.read_csv(out / "trials.csv")["state"].tolist() == ["WAITING"]

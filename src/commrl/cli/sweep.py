@@ -10,7 +10,8 @@ writes best_params.json, trials.csv, importances.json and the plots. The study n
 ``<pair>-<condition>``. Exit status: 0 done, 2 a bad config (``ConfigError``, a study created with other
 settings included: ``commrl.cli.main``), 1 a study that cannot be used as asked (``SweepError``), 75 a
 worker stopped by SIGUSR1 or SIGTERM (a preemption or time-limit warning): its running trial checkpointed
-and was queued again with the same params; rerun the worker to go on.
+and was queued again with the same params (unless its ``heartbeat.max_retry`` retries were used: the message
+says which); rerun the worker to go on.
 
 A grid config (``sampler: {name: grid}``, e.g. configs/sweep/tiny-regime.yaml) runs the same three steps
 on its studies (``commrl.sweep.grid``): with a ``baseline``, ``init`` and ``worker`` do the baseline's
@@ -46,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--study", default=None, help="study name (default: <pair>-<condition>)")
         if name == "worker":
             p.add_argument(
-                "--worker", type=int, default=0, help="worker index: its sampler seed is seed + index"
+                "--worker",
+                type=int,
+                default=0,
+                help="worker index: its sampler seed is seed + index (a rerun of the index: a new seed)",
             )
         p.add_argument(
             "--out",
@@ -116,7 +120,8 @@ def _worker(cfg, study: str, worker: int, out: Path | None) -> int:
                 )
                 records.append(record)
     except preempt.Preempted as stop:
-        print(f"worker {worker}: {stop}; the trial is queued again: rerun the worker", file=sys.stderr)
+        outcome = "; ".join(getattr(stop, "__notes__", ())) or "no trial was running"
+        print(f"worker {worker}: {stop}; {outcome}; rerun the worker", file=sys.stderr)
         return preempt.EXIT_PREEMPTED
     if out:
         _write_json(out, _combined(records))
@@ -142,6 +147,11 @@ def _summary(cfg, study: str, out: Path) -> int:
             f"study {study!r}: best val/acc {best['best_value']:.4f} at trial {best['best_trial']} "
             f"with {best['best_params']}"
         )
+        if len(best["best_ties"]) > 1:
+            print(
+                f"trials {best['best_ties']} tie at that value (one seed each): the pick among them is "
+                "arbitrary"
+            )
     print(f"summary written to {out}")
     print(best["dashboard"])
     return 0

@@ -90,7 +90,7 @@ class HeartbeatConfig:
 @dataclass(frozen=True)
 class SamplerConfig:
     name: str = "tpe"
-    seed: int = 0  # worker w samples with seed + w: the same seed in every worker duplicates trials
+    seed: int = 0  # worker w's first start samples with seed + w (``study.sampler_seed``)
     n_startup_trials: int = 4
 
 
@@ -169,6 +169,8 @@ class SweepConfig:
                 f"or ticks={ints['ticks']}); the objective is read there"
             )
         space = GridSpace.from_dict(raw["grid"]) if grid else SearchSpace.from_dict(raw["space"])
+        if not grid:
+            _check_cadence(space, raw["condition"])
         ints["n_trials"] = _grid_budget(raw, space) if grid else _int("n_trials", raw["n_trials"], 1)
         if grid and "seed" in raw and "seed" in space.names:
             raise ConfigError(
@@ -214,7 +216,9 @@ class SweepConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings that identify the study (stored in it at init, compared by every worker)."""
+        """The settings that identify the study (stored in it at init, compared by every worker): what a
+        trial trains and what its outcome means. Not ``n_trials``, ``n_workers``, the heartbeat or the
+        sampler: they decide how many trials run, where, and which point comes next."""
         return {
             "pair": self.pair,
             "condition": self.condition,
@@ -224,6 +228,9 @@ class SweepConfig:
             "val_every": self.val_every,
             "read_at": self.read_at,
             "space": self.space.to_dict(),
+            "defaults": self.defaults,
+            "pruner": {"name": self.pruner.name, **self.pruner.options},
+            "train_overrides": sorted(self.train_overrides),
         }
 
 
@@ -255,6 +262,18 @@ def _options(name: str, raw: Any, allowed: Sequence[str]) -> Mapping[str, Any]:
     if unknown:
         raise ConfigError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
     return raw
+
+
+def _check_cadence(space: SearchSpace, condition: str) -> None:
+    """A search of ``method`` must not reach K = 1: the anchor then fires every tick, every update is the
+    dense replay and rank, alpha and beta have no effect (a grid may list cadence 1 as a dense control)."""
+    if condition != "method" or "cadence" not in space.names or space["cadence"].low >= 2:
+        return
+    raise ConfigError(
+        f"space.cadence.low={space['cadence'].low} is out of range for condition method: at K = 1 the "
+        "anchor fires every tick, so every update is the dense replay (dense training) and rank, alpha and "
+        "beta have no effect; set low >= 2"
+    )
 
 
 def _grid_budget(raw: Mapping[str, Any], grid: GridSpace) -> int:

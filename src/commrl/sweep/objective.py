@@ -6,7 +6,8 @@ as a subprocess) and turns the outcome into Optuna's: the value is ``val/acc`` a
 validation before it is reported, and a pruner's verdict or a collapse alarm (``health/alarm``) stops the
 run through ``StopTraining``, which becomes ``optuna.TrialPruned`` (a grid study stops nothing: every point
 is read at ``read_at``, alarm or not; ``commrl.sweep.grid``). A preempted trial (``preempt.Preempted``: it
-checkpointed on SIGUSR1 / SIGTERM) ends FAIL with its retry queued at once, same params, same folder.
+checkpointed on SIGUSR1 / SIGTERM) ends FAIL with its retry queued at once, same params, same folder, unless
+its chain used its ``heartbeat.max_retry`` retries; the exception carries a note saying which.
 The trial's MLflow run is the trainer's, nested under the sweep's parent run; it ends FINISHED with tag
 ``optuna.state`` = COMPLETE or PRUNED.
 """
@@ -32,7 +33,7 @@ from commrl.sweep.budget import SURPLUS_NOTE, BudgetFilled, is_surplus
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.grid import claim_point
 from commrl.sweep.heartbeat import TrialHeartbeat
-from commrl.sweep.storage import retry_callback, retry_history
+from commrl.sweep.storage import enqueue_retry, retry_history
 from commrl.sweep.study import SweepError
 from commrl.sweep.trial_config import local_overrides, trial_dir
 
@@ -105,6 +106,13 @@ class PruningHooks(TrainCallbacks):
         return record.written_run_id(self.out_dir)
 
 
+def retry_note(number: int, queued: bool, max_retry: int) -> str:
+    """What became of interrupted trial ``number``: queued again, or not (its retries used)."""
+    if queued:
+        return f"trial {number} re-enqueued with the same params"
+    return f"trial {number} not re-enqueued: its retries reached heartbeat.max_retry={max_retry}"
+
+
 class SweepObjective:
     """The function ``study.optimize`` calls: one trial, start to end."""
 
@@ -146,8 +154,10 @@ class SweepObjective:
             except (KeyboardInterrupt, preempt.Preempted) as stop:
                 # Optuna marks the trial FAIL: queue its retry now, as the heartbeat reaper would for a dead
                 # worker, so that the next worker resumes it at once (its checkpoint, its MLflow run)
-                retry_callback(self.cfg.heartbeat)(trial.study, self._frozen(trial))
-                trial.set_user_attr("note", f"{str(stop) or 'interrupted'}; re-enqueued with the same params")
+                queued = enqueue_retry(trial.study, self._frozen(trial), self.cfg.heartbeat)
+                outcome = retry_note(trial.number, queued, self.cfg.heartbeat.max_retry)
+                trial.set_user_attr("note", f"{str(stop) or 'interrupted'}; {outcome}")
+                stop.add_note(outcome)
                 raise
         run_id = (result.mlflow_run_id if result else None) or hooks.run_id()
         if run_id:

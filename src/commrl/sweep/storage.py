@@ -36,6 +36,13 @@ def retry_callback(heartbeat: HeartbeatConfig) -> RetryHeartbeatStaleTrialCallba
         )
 
 
+def enqueue_retry(study: optuna.Study, trial: FrozenTrial, heartbeat: HeartbeatConfig) -> bool:
+    """Queue the retry of ``trial`` (``retry_callback``); returns whether the study now holds one (the
+    callback queues none once the chain has had its ``heartbeat.max_retry`` retries)."""
+    retry_callback(heartbeat)(study, trial)
+    return any(retry_history(t)[-1:] == [trial.number] for t in study.get_trials(deepcopy=False))
+
+
 def retry_history(trial: FrozenTrial) -> list[int]:
     """The trials this one retries, oldest first (empty for a fresh trial); the first names the folder."""
     with warnings.catch_warnings():

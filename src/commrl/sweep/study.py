@@ -3,13 +3,15 @@
 ``init_study`` is the only place that creates the study, enqueues the defaults and creates the MLflow
 parent run (concurrent creation of a fresh sqlite study crashes, so workers never create). It is
 idempotent: a second call changes nothing, and a call after a crash half-way finishes what is missing.
-The study keeps its identity (pair, condition, ticks, read point, space) in its user attributes; a worker
-whose config no longer matches refuses to run. A grid may grow (values added to its axes): ``init`` then
-stores the new grid and enqueues the new points.
+The study keeps its identity (``SweepConfig.to_dict``: what a trial trains and what its outcome means) in its
+user attributes; a worker whose config no longer matches refuses to run. A grid may grow (values added to its
+axes): ``init`` then stores the new grid and enqueues the new points. Each worker index counts its starts in
+the study (``worker_starts/<index>``), so that a restarted worker samples new points (``sampler_seed``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import optuna
 
 from commrl import tracking
@@ -23,6 +25,7 @@ from commrl.sweep.trial_config import trials_dir
 IDENTITY_ATTR = "sweep_config"
 PARENT_ATTR = "mlflow_parent_run_id"
 DEFAULTS_ATTR = "defaults_enqueued"
+STARTS_ATTR = "worker_starts"  # <STARTS_ATTR>/<index>: how many times a worker of that index opened the study
 DIRECTION = "maximize"  # the objective is validation accuracy
 
 
@@ -31,9 +34,21 @@ class SweepError(RuntimeError):
     other settings is a ``ConfigError`` (``check_identity``)."""
 
 
-def make_sampler(cfg: SamplerConfig, worker: int) -> optuna.samplers.BaseSampler:
-    """Seeded ``seed + worker``: workers with the same seed would propose the same points."""
-    seed = cfg.seed + worker
+def sampler_seed(seed: int, worker: int, starts: int) -> int:
+    """The sampler seed of worker ``worker`` that opened the study ``starts`` times before.
+
+    A first start samples with ``seed + worker`` (workers with one seed would propose the same points), as it
+    always did, so a fresh study draws what it drew before. A restart of the same index (a crash, a requeued
+    job) would, with that seed, propose again the points its first start trained: it seeds from all three.
+    """
+    if starts == 0:
+        return seed + worker
+    return int(np.random.SeedSequence((seed, worker, starts)).generate_state(1)[0])
+
+
+def make_sampler(cfg: SamplerConfig, worker: int, starts: int = 0) -> optuna.samplers.BaseSampler:
+    """The sampler of ``worker``'s start number ``starts`` (0: its first), seeded by ``sampler_seed``."""
+    seed = sampler_seed(cfg.seed, worker, starts)
     if cfg.name in ("random", "grid"):  # a grid's trials are queued points: it never samples a value
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(
@@ -95,8 +110,9 @@ def init_study(cfg: SweepConfig, name: str) -> dict:
     }
 
 
-def open_study(cfg: SweepConfig, name: str, worker: int = 0) -> optuna.Study:
-    """Load an initialised study with this worker's sampler and the config's pruner."""
+def open_study(cfg: SweepConfig, name: str, worker: int | None = None) -> optuna.Study:
+    """Load an initialised study with the config's pruner. A worker (``worker``: its index) also gets its
+    sampler and counts its start (``count_start``); a reader (the summary) counts nothing."""
     if not storage_exists(cfg.storage):
         raise SweepError(f"no study storage at {cfg.storage.location}; run `commrl sweep init` first")
     storage = open_storage(cfg.storage, cfg.heartbeat)
@@ -105,27 +121,38 @@ def open_study(cfg: SweepConfig, name: str, worker: int = 0) -> optuna.Study:
             f"study {name!r} is not in {cfg.storage.location}; "
             f"run `commrl sweep init --config ... --study {name}` first"
         )
-    study = optuna.load_study(
-        study_name=name,
-        storage=storage,
-        sampler=make_sampler(cfg.sampler, worker),
-        pruner=make_pruner(cfg.pruner),
-    )
+    study = optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(cfg.pruner))
     check_identity(study, cfg)
     if PARENT_ATTR not in study.user_attrs:
         raise SweepError(
             f"study {name!r} has no MLflow parent run; rerun `commrl sweep init` to finish its set-up"
         )
+    if worker is not None:
+        study.sampler = make_sampler(cfg.sampler, worker, count_start(study, worker))
     return study
 
 
+def count_start(study: optuna.Study, worker: int) -> int:
+    """Record a start of ``worker`` in ``study``; returns how many it had before. Each index has its own key,
+    so workers of other indices never race on it."""
+    key = f"{STARTS_ATTR}/{worker}"
+    starts = int(study.user_attrs.get(key, 0))
+    study.set_user_attr(key, starts + 1)
+    return starts
+
+
 def check_identity(study: optuna.Study, cfg: SweepConfig) -> None:
-    """A study keeps the settings it was created with; anything else mixes incomparable trials."""
+    """A study keeps the settings it was created with; anything else mixes incomparable trials.
+
+    A setting the stored identity lacks (a study created before it was part of the identity, e.g. before
+    ``train_overrides``, ``pruner`` and ``defaults`` were) cannot be compared: it is accepted, and the next
+    ``init`` records the config's value, checked from then on.
+    """
     stored = study.user_attrs.get(IDENTITY_ATTR)
     if stored is None:
         return
     current = cfg.to_dict()
-    changed = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
+    changed = sorted(k for k in stored if stored[k] != current.get(k))
     if "space" in changed and isinstance(cfg.space, GridSpace) and cfg.space.extends(stored["space"]):
         changed.remove("space")
     if changed:
@@ -133,10 +160,9 @@ def check_identity(study: optuna.Study, cfg: SweepConfig) -> None:
             f"{k}: study has {stored.get(k)!r}, config has {current.get(k)!r}" for k in changed
         )
         raise ConfigError(
-            f"study {study.study_name!r} was created with other settings ({detail}); restore them, "
-            "or start a "
-            "new study with another --study name (n_trials and n_workers may change freely, a grid may gain "
-            "values)"
+            f"study {study.study_name!r} was created with other settings ({detail}); restore them, or "
+            "start a new study with another --study name (n_trials, n_workers, the heartbeat and the sampler "
+            "may change freely, a grid may gain values)"
         )
 
 

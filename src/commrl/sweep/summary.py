@@ -1,10 +1,12 @@
 """A study's summary: best params, the trials table, parameter importances and Optuna's plots.
 
 Files (written into a staging folder that replaces ``out`` whole, so a reader never sees half of them):
-``best_params.json``, ``trials.csv``, ``importances.json`` (fANOVA; ``null`` with the reason when there are
-too few complete trials), ``history.png``, ``intermediate.png``, ``parallel_coordinate.png``, ``slice.png``,
-``importances.png`` (``optuna.visualization.matplotlib``: no plotly image export needed). All of them are
-logged to the study's MLflow parent run, under ``summary/``.
+``best_params.json`` (with ``n_seeds``: every trial trains once, at ``seed``, so the objective is one run's
+value; and ``best_ties``: every complete trial whose value equals the best exactly, ``best_trial`` among
+them: with more than one, the pick is arbitrary), ``trials.csv``, ``importances.json`` (fANOVA; ``null``
+with the reason when there are too few complete trials), ``history.png``, ``intermediate.png``,
+``parallel_coordinate.png``, ``slice.png``, ``importances.png`` (``optuna.visualization.matplotlib``: no
+plotly image export needed). All of them are logged to the study's MLflow parent run, under ``summary/``.
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def summarize(cfg: SweepConfig, study_name: str, out: str | Path) -> dict[str, A
     names = cfg.space.names
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    best = max(complete, key=lambda t: t.value) if complete else None
+    best = max(complete, key=lambda t: t.value) if complete else None  # the lowest number among ties
     counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
     best_info: dict[str, Any] = {
         "study": study_name,
@@ -151,6 +153,9 @@ def summarize(cfg: SweepConfig, study_name: str, out: str | Path) -> dict[str, A
         "best_params": best.params if best else None,
         "best_trial": best.number if best else None,
         "best_mlflow_run_id": trial_row(best, names)["mlflow_run_id"] if best else None,
+        "best_ties": [t.number for t in complete if t.value == best.value] if best else [],
+        "n_seeds": 1,  # a search trains every trial once, at `seed`: the objective is one run's val/acc
+        "seed": cfg.seed,
         "defaults": cfg.defaults,
         "dashboard": dashboard_hint(cfg),
     }

@@ -7,7 +7,8 @@ watches their heartbeats for two intervals: if one is silent (its worker died, p
 waits for the grace period, reaps it and runs the retry, so that a rerun after a crash or a preemption
 always finishes the study. A preemption request (SIGUSR1 / SIGTERM, ``commrl.run.preempt``) stops the
 worker after the running trial's next tick: the trial checkpoints, its retry is queued at once with the
-same params, and the worker raises ``Preempted`` (``commrl sweep worker`` exits 75).
+same params (unless its chain used its ``heartbeat.max_retry`` retries), and the worker raises ``Preempted``
+(``commrl sweep worker`` exits 75).
 """
 
 from __future__ import annotations
