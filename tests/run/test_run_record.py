@@ -47,6 +47,31 @@ def test_a_rerun_reopens_the_run_and_refreshes_tags_a_lost_run_starts_anew(uri, 
     assert not resumed and new_id != run_id and record.written_run_id(tmp_path) == new_id
 
 
+def test_a_store_that_does_not_answer_fails_the_resume_and_starts_no_second_run(uri, tmp_path, monkeypatch):
+    """Only "no such run" starts a new run: a locked sqlite file or a tracking server that does not answer
+    raises, the run-id file keeps the first run and the store gains no run. The store's error is injected
+    (MLflow's own exception and code for a locked sqlite file): a real lock takes MLflow 20 s to report."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
+    from mlflow.tracking import MlflowClient
+
+    run_id, _ = record.open_run(IDENTITY, tmp_path, uri)
+    record.finish_run(run_id, "KILLED", tracking_uri=uri)
+    client = tracking.client(uri)
+    before = len(client.search_runs([client.get_run(run_id).info.experiment_id]))
+
+    def locked(self, run_id):
+        raise MlflowException("(sqlite3.OperationalError) database is locked", TEMPORARILY_UNAVAILABLE)
+
+    monkeypatch.setattr(MlflowClient, "get_run", locked)
+    with pytest.raises(MlflowException, match="database is locked"):
+        record.open_run(IDENTITY, tmp_path, uri)
+    monkeypatch.undo()
+    assert record.written_run_id(tmp_path) == run_id
+    assert len(client.search_runs([client.get_run(run_id).info.experiment_id])) == before
+    assert record.open_run(IDENTITY, tmp_path, uri) == (run_id, True)  # the store answers again: resumed
+
+
 def test_log_config_on_a_resume_logs_new_keys_and_records_changed_ones(uri, tmp_path):
     """MLflow params are immutable: a changed value must not fail (verl would drop its MLflow backend)."""
     run_id, _ = record.open_run(IDENTITY, tmp_path, uri)

@@ -146,12 +146,49 @@ def test_paper_gpu_jobs_ask_for_gpus_tiny_jobs_do_not(paper: Result, tiny: Resul
     assert tiny.resources("eval_tiny") and all("gpu" not in r for r in tiny.resources("eval_tiny"))
 
 
-def test_retries_grow_memory_and_time_with_the_attempt(workflow: Workflow, paper: Result) -> None:
-    """The profile's `retries` resubmit a failed job; attempt k asks k times the memory and time."""
-    first = paper.resources("train_verl")[0]
-    second = workflow.dry_run("--configfile", PAPER, "--attempt", "2").resources("train_verl")[0]
-    assert (first["mem_mb"], first["runtime"]) == ("480000", "2880")
-    assert (second["mem_mb"], second["runtime"]) == ("960000", "5760")
+def test_retries_grow_memory_and_time_but_not_for_resumable_jobs(workflow: Workflow, paper: Result) -> None:
+    """The profile's `retries` resubmit a failed job: attempt k asks k times the memory and time, except a
+    training or sweep job, which resumes from its checkpoints on a node asked for whole (480 GB, 48 h:
+    twice that is a request no such node or partition grants)."""
+    second = workflow.dry_run("--configfile", PAPER, "--attempt", "2")
+    for rule in ("train_verl", "sweep_worker"):
+        assert {(r["mem_mb"], r["runtime"]) for r in paper.resources(rule) + second.resources(rule)} == {
+            ("480000", "2880")
+        }, rule
+    first, again = paper.resources("eval_A")[0], second.resources("eval_A")[0]
+    assert (int(again["mem_mb"]), int(again["runtime"])) == (
+        2 * int(first["mem_mb"]),
+        2 * int(first["runtime"]),
+    )
+
+
+def test_a_gpu_job_is_one_task_on_one_node_in_the_slurm_plugins_submit_command(paper: Result) -> None:
+    """The sbatch line the Slurm executor plugin builds (its own ``get_submit_command``) from a training
+    job's resolved resources: one node, 64 CPUs for the one task, 8 GPUs; without `tasks_per_gpu: 0` the
+    plugin adds --ntasks-per-gpu=1, 8 tasks of 64 CPUs each on any number of nodes."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+
+    class Resources(dict):
+        __getattr__ = dict.__getitem__
+
+    params = dict(run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir="/w")
+    for rule in ("train_verl", "sweep_worker"):
+        resolved = paper.resources(rule)[0]
+        assert (resolved["nodes"], resolved["tasks_per_gpu"]) == ("1", "0")
+        res = Resources({k: int(v) if v.isdigit() else v for k, v in resolved.items()})
+        job = SimpleNamespace(resources=res, threads=64)
+        sbatch = get_submit_command(
+            job, params, settings=SimpleNamespace(requeue=True, qos=None, reservation=None)
+        )
+        assert "--nodes=1" in sbatch and "--cpus-per-task=64" in sbatch, sbatch
+        assert "--ntasks-per-gpu" not in sbatch, sbatch
+        del res["tasks_per_gpu"]
+        assert "--ntasks-per-gpu=1" in get_submit_command(
+            job, params, settings=SimpleNamespace(requeue=True, qos=None, reservation=None)
+        )
+    assert all("nodes" not in r for r in paper.resources("prepare_math"))
 
 
 def test_a_resource_kind_left_out_takes_the_schema_default_whole(workflow: Workflow) -> None:

@@ -31,7 +31,10 @@ def test_profile_slurm_by_name_from_the_root(workflow: Workflow) -> None:
     assert "Using profile slurm for setting default command line arguments." in result.output
     assert result.counts()["train_verl"] == 2 * 7 * 3  # pairs A and B x 7 conditions x 3 seeds
     assert {r["slurm_extra"] for r in result.resources("train_verl")} == {"--exclusive --signal=USR1@900"}
-    assert "workflow/scripts/preemptible.sh 900 commrl verl-train --pair A" in result.output
+    assert re.search(
+        r"preemptible\.sh 900 results/logs/train/A/\w+/seed\d\.log commrl verl-train --pair A",
+        result.output,
+    )
     assert "warning signal" not in result.output  # 900 s covers paper.yaml's checkpoint_s of 600 s
 
 

@@ -247,6 +247,16 @@ def test_preempted_jobs_checkpoint_exit_75_are_requeued_and_finish_exactly(
     for job in signalled.values():
         shown = _scontrol_job(job)
         assert "JobState=COMPLETED" in shown and "Restarts=1" in shown, shown
+    for name in ("train/tiny/method/seed0", "sweep/tiny/preempt/worker0"):  # Snakemake deleted the log at
+        # the requeued start; the preempted attempt's copy is kept beside it
+        log_file = root / "results" / "logs" / f"{name}.log"
+        kept = list(log_file.parent.glob(f"{log_file.stem}.attempt-*.log"))
+        assert len(kept) == 1, (name, sorted(p.name for p in log_file.parent.iterdir()))
+        first = kept[0].read_text()
+        assert first.startswith("preemptible: start ") and "requeued" in first, first[-2000:]
+        assert (
+            log_file.read_text().startswith("preemptible: start ") and "requeued" not in log_file.read_text()
+        )
 
     client = tracking.client(f"sqlite:///{root / 'results' / 'mlflow.db'}")
     summary = json.loads((runs / "seed0" / "summary.json").read_text())

@@ -303,14 +303,26 @@ def threads_of(kind):
     return config["resources"][kind]["threads"]
 
 
+RESUMABLE_KINDS = ("train", "sweep")  # a retry resumes from the job's checkpoints
+
+
 def resources_of(kind):
-    """Scheduler resources of a kind of job; memory and time grow with the attempt (profile `retries`)."""
+    """Scheduler resources of a kind of job.
+
+    A GPU job is one task on one node (`nodes: 1`, `tasks_per_gpu: 0`): the Slurm plugin's default of one
+    task per GPU would ask for `threads` CPUs per GPU and let Slurm spread the job over nodes. Memory and
+    time grow with the attempt (profile `retries`), except for the resumable kinds: their retry resumes from
+    the last checkpoint, and their first request is a whole node, which a doubled one would exceed.
+    """
     res = dict(config["resources"][kind])
     res.pop("threads")
     res.pop("checkpoint_s", None)  # read by signal_lead
+    if res.get("gpu"):
+        res.update(nodes=1, tasks_per_gpu=0)
     mem_mb, runtime = res.pop("mem_mb"), res.pop("runtime")
-    res["mem_mb"] = lambda wildcards, attempt: mem_mb * attempt
-    res["runtime"] = lambda wildcards, attempt: runtime * attempt
+    grows = kind not in RESUMABLE_KINDS
+    res["mem_mb"] = lambda wildcards, attempt: mem_mb * (attempt if grows else 1)
+    res["runtime"] = lambda wildcards, attempt: runtime * (attempt if grows else 1)
     return res
 
 

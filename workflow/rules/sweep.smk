@@ -42,7 +42,7 @@ rule sweep_worker:
     conda:
         pair_env("train")
     shell:
-        "{params.preemptible} commrl sweep worker --config {input.config} --study {wildcards.study}"
+        "{params.preemptible} {log} commrl sweep worker --config {input.config} --study {wildcards.study}"
         " --worker {wildcards.worker}"
         " --out {output} > {log} 2>&1"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# preemptible.sh LEAD COMMAND...: run a training command of the workflow (commrl train / verl-train / sweep
+# preemptible.sh LEAD LOG COMMAND...: run a training command of the workflow (commrl train / verl-train / sweep
 # worker) so that the announced end of its Slurm job costs no Snakemake retry (README, "Preemption and
 # time limits").
 #
@@ -11,17 +11,27 @@
 # limit on the next start; Snakemake keeps waiting for it); when that is refused (the job is not
 # requeueable, MaxBatchRequeue is reached) status 75 goes to Snakemake, whose retry (profile `retries`)
 # resubmits the job. Either way the next attempt resumes from the checkpoint.
+#
+# LOG is the rule's log, where the command's output goes. Snakemake deletes a job's log before it runs the
+# job again (a requeued Slurm job, a retry), so an attempt that ends with a non-zero status leaves a copy
+# beside it, LOG without .log plus .attempt-<UTC time>.log, which Snakemake does not know and keeps.
 set -u
 lead=$1
-shift
+log=$2
+shift 2
 trap '' USR1
 trap : TERM
-echo "preemptible: warning lead ${lead} s; Slurm job ${SLURM_JOB_ID:-none}" >&2
+started=$(date -u +%Y%m%dT%H%M%SZ)
+echo "preemptible: start ${started} on $(hostname); warning lead ${lead} s; Slurm job ${SLURM_JOB_ID:-none}" >&2
 "$@"
 rc=$?
+keep() {  # this attempt's output, kept beside the log that the next attempt's start deletes
+  cp "$log" "${log%.log}.attempt-${started}.log" 2>/dev/null || true
+}
 if [[ $rc -eq 75 && -n ${SLURM_JOB_ID:-} ]]; then
   if scontrol requeue "$SLURM_JOB_ID"; then
     echo "preemptible: exit 75 (preempted, checkpoint written): Slurm job $SLURM_JOB_ID requeued" >&2
+    keep
     # The requeue ends this run of the job (SIGTERM to every process, then SIGKILL). Wait for it here: a
     # job step that exited first could end the job FAILED before slurmctld requeues it, and a status check
     # at that moment makes Snakemake retry the job while its requeued copy runs too.
@@ -31,6 +41,10 @@ if [[ $rc -eq 75 && -n ${SLURM_JOB_ID:-} ]]; then
     fi
   else
     echo "preemptible: exit 75 (preempted, checkpoint written): requeue refused; Snakemake's retry resubmits" >&2
+    keep
   fi
+elif [[ $rc -ne 0 ]]; then
+  echo "preemptible: exit $rc" >&2
+  keep
 fi
 exit "$rc"

@@ -115,12 +115,18 @@ def recorded_run_id(out_dir: Path, tracking_uri: str | None = None) -> str | Non
 
 
 def run_exists(run_id: str, tracking_uri: str | None = None) -> bool:
+    """Whether the store has ``run_id``. Only the store's "no such run" is an answer of no: any other error
+    (a locked sqlite file, a tracking server that does not answer) is raised, so that a resume fails and is
+    retried rather than start a second run and split the first one's ticks from the rest."""
     from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
     try:
         tracking.client(tracking_uri).get_run(run_id)
-    except MlflowException:
-        return False
+    except MlflowException as err:
+        if err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return False
+        raise
     return True
 
 
