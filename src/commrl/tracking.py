@@ -4,7 +4,7 @@
   trial; evaluations are nested under the training run they evaluate; sweeps have one parent run each.
 - Default store: ``sqlite:///<results>/mlflow.db`` with artifacts in ``<results>/mlartifacts``.
   ``MLFLOW_TRACKING_URI`` overrides it (a tracking server on a cluster: sqlite on a shared filesystem
-  is unsafe).
+  is unsafe, and refused inside a Slurm job: ``check_store``).
 - Create the store once (``init_store``) before parallel jobs: several processes creating a fresh sqlite
   store at once can leave it half-migrated.
 - Metric names are those of ``method.md`` §4; MLflow rejects ``,`` and ``@`` in names, so
@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from commrl.errors import ConfigError
 
 RESULTS_ENV = "COMMRL_RESULTS"
 MAX_PARAM_LENGTH = 6000
@@ -97,10 +99,66 @@ def _mlflow():
     return mlflow
 
 
+# File systems that a cluster's nodes share: sqlite's locks do not hold across nodes there.
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "lustre",
+        "gpfs",
+        "cifs",
+        "smb3",
+        "beegfs",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "fuse.sshfs",
+        "panfs",
+        "wekafs",
+        "fuse.juicefs",
+    }
+)
+
+
+def filesystem_type(path: Path, mounts: Path = Path("/proc/mounts")) -> str | None:
+    """The type of the file system ``path`` lives on (the longest mount point above it in ``mounts``);
+    None when ``mounts`` cannot be read (not Linux)."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    path, best = path.resolve(), (-1, None)
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = Path(fields[1].replace("\\040", " "))
+        if (path == point or point in path.parents) and len(point.parts) > best[0]:
+            best = (len(point.parts), fields[2])
+    return best[1]
+
+
+def check_store(tracking_uri: str, mounts: Path = Path("/proc/mounts")) -> None:
+    """Inside a Slurm job (``SLURM_JOB_ID``), refuse a sqlite store on a file system the nodes share: jobs
+    on several nodes lock it up or corrupt it. ``ConfigError`` names the fix (a tracking server)."""
+    if not os.environ.get("SLURM_JOB_ID") or not tracking_uri.startswith("sqlite:///"):
+        return
+    db = Path(tracking_uri.removeprefix("sqlite:///").split("?")[0])
+    kind = filesystem_type(db.parent, mounts)
+    if kind in NETWORK_FILESYSTEMS:
+        raise ConfigError(
+            f"MLFLOW_TRACKING_URI={tracking_uri} is a sqlite file on a {kind} file system that the cluster's "
+            "nodes share, where jobs on several nodes lock up or corrupt it; run an MLflow tracking server "
+            "and export MLFLOW_TRACKING_URI=http://HOST:PORT before starting (README, Slurm step 2)"
+        )
+
+
 def client(tracking_uri: str | None = None):
-    """An ``MlflowClient`` on the given (or default) store."""
+    """An ``MlflowClient`` on the given (or default) store (``check_store`` first)."""
     mlflow = _mlflow()
-    return mlflow.MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
+    uri = tracking_uri or default_tracking_uri()
+    check_store(uri)
+    return mlflow.MlflowClient(tracking_uri=uri)
 
 
 def init_store(experiments: Iterable[str] = (), tracking_uri: str | None = None) -> str:
