@@ -1,5 +1,6 @@
 """The network cost model against hand computations: the collectives, the layout mapping of the ledger's
-channels, the two overlap bounds, the crossover, zero bytes, and pair A's analytic inputs."""
+channels, the pipelined stage boundaries and their limits, the largest stage's weight update, the two
+overlap bounds, the crossover, zero bytes, and pair A's analytic inputs."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from commrl.netmodel import (
     tick_time,
 )
 from commrl.netmodel.config import config_dir
-from commrl.netmodel.inputs import analytic_inputs
+from commrl.netmodel.cost import activation_time
+from commrl.netmodel.inputs import Qwen2Shape, analytic_inputs, stage_layers
 
 IB100 = Link("ib", 100.0, 1.0)  # 100 Gbit/s = 12.5e9 bytes/s, 1 us per message
 
@@ -40,20 +42,67 @@ def test_ring_allreduce_matches_the_hand_computation():
 
 def test_point_to_point_and_the_layout_mapping():
     """25 MB in 3 messages at 200 Mbit/s, 50 us: 150 us + 1 s. A tick on 4 stages x 2 replicas of a
-    28-point ledger: activations A / (P D) per boundary (2 messages), basis R / P, weights W / S all-reduced
-    over D; a single stage sends no activations."""
+    28-point ledger, one micro-batch: activations A / (P D) per boundary over the 3 boundaries in turn
+    (2 traversals, 3 messages each), basis R / P, weights W / S all-reduced over D unless the largest
+    stage's share is given; a single stage sends no activations."""
     link = Link("slow", 0.2, 50.0)
     assert p2p_time(25e6, link, messages=3) == pytest.approx(150e-6 + 1.0, rel=1e-12)
     layout = Layout(stages=4, dp=2, points=28, collective="allreduce")
-    t = comm_time(ChannelBytes(activations=28 * 2 * 1e9, basis=28e6, weights=4e9), layout, IB100)
-    assert t.activations == pytest.approx(2e-6 + 1e9 / 12.5e9, rel=1e-12)
+    t = comm_time(ChannelBytes(28 * 2 * 1e9, 28e6, 4e9, 2), layout, IB100)
+    assert t.activations == pytest.approx(6e-6 + 3 * 1e9 / 12.5e9, rel=1e-12)
     assert t.basis == pytest.approx(1e-6 + 1e6 / 12.5e9, rel=1e-12)
     assert t.weights == pytest.approx(2e-6 + 1e9 / 12.5e9, rel=1e-12)  # 2 (2-1)/2 * (4e9 / 4) / beta
     assert t.total == pytest.approx(t.activations + t.basis + t.weights)
-    rs_ag = comm_time(ChannelBytes(0, 0, 4e9), Layout(4, 2, 28, "rs_ag"), IB100)
+    largest = comm_time(ChannelBytes(0, 0, 4e9, 2, stage_weights=1.5e9), layout, IB100)
+    assert largest.weights == pytest.approx(2e-6 + 1.5e9 / 12.5e9, rel=1e-12)
+    rs_ag = comm_time(ChannelBytes(0, 0, 4e9, 2), Layout(4, 2, 28, "rs_ag"), IB100)
     assert rs_ag.weights == pytest.approx(t.weights, rel=1e-12)  # the same cost as the ring all-reduce
-    single = comm_time(ChannelBytes(1e9, 1e6, 4e9), Layout(stages=1, dp=2, points=28), IB100)
+    single = comm_time(ChannelBytes(1e9, 1e6, 4e9, 2), Layout(stages=1, dp=2, points=28), IB100)
     assert single.activations == 0.0 and single.basis == 0.0
+
+
+def test_pipelined_boundaries_against_the_hand_computation_and_limits():
+    """``A / (P D) = 1e9`` bytes over 4 traversals, 4 stages, 8 micro-batches at 12.5e9 bytes/s, 1 us:
+    ``(m + S - 2) / m * 0.08 s + n (m + S - 2) alpha = 10/8 * 0.08 + 40 us``. One micro-batch: the 3
+    boundaries one after the other, 3 * 0.08 s + 12 us; many: one boundary's 0.08 s; 2 stages, one
+    micro-batch: one boundary, one message per traversal; one stage: nothing."""
+    a = 28 * 2 * 1e9
+
+    def t(stages: int, micro_batches: int, link: Link = IB100) -> float:
+        return float(activation_time(a, 4, Layout(stages, 2, 28, micro_batches=micro_batches), link))
+
+    assert t(4, 8) == pytest.approx(10 / 8 * 0.08 + 40e-6, rel=1e-12)
+    assert t(4, 1) == pytest.approx(3 * 0.08 + 12e-6, rel=1e-12)
+    no_latency = Link("ib, no latency", 100.0, 0.0)
+    assert t(4, 10**6, no_latency) == pytest.approx(0.08, rel=1e-5)
+    assert t(2, 1) == pytest.approx(0.08 + 4e-6, rel=1e-12)
+    assert t(1, 8) == 0.0
+    per_tick = activation_time(np.array([a, 0.0]), np.array([4, 3]), Layout(4, 2, 28, micro_batches=8), IB100)
+    assert per_tick.tolist() == pytest.approx([t(4, 8), 0.0])  # no bytes, no message
+
+
+def test_weight_update_is_set_by_the_largest_stage():
+    """Layers as even as possible (the left-over ones to the middle stages, then the first); pair A on 4
+    stages: 7 layers of 46,797,824 parameters each, the embedding 151936 x 1536 = 233,373,696 on the first
+    stage, the final norm (1536) and the tied head's copy of the embedding on the last: 560,960,000
+    parameters, 1.45 x the even share W / 4; PowerSGD's rank-77 factors on a fast tick: 34,070,144."""
+    assert stage_layers(28, 4) == [7, 7, 7, 7] and stage_layers(30, 4) == [7, 8, 8, 7]
+    assert stage_layers(31, 4) == [8, 8, 8, 7] and stage_layers(4, 5) == [1, 1, 1, 1, 0]
+    assert stage_layers(5, 1) == [5] and stage_layers(3, 2) == [2, 1]
+    cfg = load_config(config_dir() / "pair_A.yaml")
+    shape = cfg.analytic.model
+    params = [sum(int(np.prod(p)) for p in stage) for stage in shape.stage_shapes(4)]
+    assert params == [233_373_696 + 7 * 46_797_824, 7 * 46_797_824, 7 * 46_797_824, 560_960_000]
+    whole = sorted(shape.weight_shapes())
+    assert sorted(shape.stage_shapes(1)[0]) == whole  # one stage: the tied head is the embedding itself
+    untied = Qwen2Shape(64, 3, 128, 2, 1, 259, False)
+    assert sorted(p for stage in untied.stage_shapes(2) for p in stage) == sorted(untied.weight_shapes())
+    shares = cfg.analytic.stage_weight_bytes(4)
+    assert shares == {"dense": 4 * 560_960_000, "fire": 4 * 560_960_000, "fast": 4 * 34_070_144}
+    assert shares["dense"] / (pair_a_summary().dense_weights / 4) == pytest.approx(1.4535, abs=1e-4)
+    inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=3, stages=4)["dense"]
+    t = inputs.comm(Layout(4, 8, 28, "rs_ag"), IB100).weights
+    assert t[0] == pytest.approx(2 * (7e-6 + 7 / 8 * 4 * 560_960_000 / 12.5e9), rel=1e-12)
 
 
 def test_overlap_bounds():
@@ -67,7 +116,7 @@ def test_a_run_with_zero_bytes_costs_only_compute():
     steps = np.arange(1, 6)
     zeros = np.zeros(5)
     train, sample = np.array([0.5, 0.6, 0.7, 0.5, 0.4]), np.full(5, 0.2)
-    inputs = TickInputs(steps, zeros, zeros, zeros, train, sample)
+    inputs = TickInputs(steps, zeros, zeros, zeros, train, sample, np.full(5, 4))
     for link in (Link("slow", 0.001, 1e4), IB100):
         for layout in (Layout(5, 2, 4), Layout(1, 8, 4, "rs_ag")):
             assert np.all(inputs.comm(layout, link).total == 0.0)
@@ -89,22 +138,52 @@ def test_crossover_against_the_closed_form():
     assert (always.status, always.gbps, never.status) == ("always_pays", None, "never_pays")
 
 
-def test_pair_a_inputs_come_from_the_ledger_with_the_anchor_schedule():
-    """pair_A.yaml's architecture constants give the ledger's Qwen2.5-1.5B shapes; its tick bytes are
-    ``pair_a_summary()``'s; the method fires at ticks t = 0, 20, 40 (steps 1, 21, 41)."""
+def test_pair_a_inputs_count_every_pass_of_the_engine_with_the_anchor_schedule():
+    """pair_A.yaml's architecture constants give the ledger's Qwen2.5-1.5B shapes; weights and the basis are
+    ``pair_a_summary()``'s; activations are the engine's 4 traversals (the ledger's formula has the 2
+    training ones): dense 4 d, a fast tick 4 r, a fire the old and reference forwards at r and the dense
+    replay's 2 d; the method fires at ticks t = 0, 20, 40 (steps 1, 21, 41)."""
     cfg = load_config(config_dir() / "pair_A.yaml")
     assert cfg.analytic.model.weight_shapes() == [tuple(s) for s in qwen25_15b_shapes()["weight_shapes"]]
     assert cfg.layout.points == 28 and cfg.compute.train_s is None  # no sourced GPU time: no default
+    assert cfg.layout.micro_batches == 86  # ceil(16777216 / 8 / 24576), configs/verl/pair/A.yaml
     assert "no sourced GPU time" in cfg.compute_note
     ledger = pair_a_summary()
-    inputs = analytic_inputs(cfg.analytic, Compute(400.0), ticks=60)
+    inputs = analytic_inputs(cfg.analytic, Compute(400.0), ticks=60, stages=4)
     dense, method = inputs["dense"], inputs["method"]
-    assert np.all(dense.activations == ledger.dense_activations) and np.all(
+    per_pass_r = 28 * 16_777_216 * 77 * 2  # one traversal at rank 77, bf16
+    assert np.all(dense.activations == 2 * ledger.dense_activations) and np.all(
         dense.weights == ledger.dense_weights
     )
     fires = method.steps[method.basis > 0]
     assert fires.tolist() == [1, 21, 41]
-    assert np.all(method.activations[fires - 1] == ledger.fire_activations)
+    assert np.all(method.activations[fires - 1] == ledger.fire_activations + 2 * per_pass_r)
     assert np.all(method.weights[fires - 1] == ledger.fire_weights)
-    assert method.activations[1] == ledger.fast_activations and method.weights[1] == ledger.fast_weights
+    assert method.activations[1] == 2 * ledger.fast_activations == 4 * per_pass_r
+    assert method.weights[1] == ledger.fast_weights
+    assert np.all(dense.passes == 4) and np.all(method.passes == 4)
     assert np.all(dense.train_s == 400.0) and np.all(method.train_s == 400.0) and np.all(dense.sample_s == 0)
+
+
+def test_a_runs_traversals_follow_its_fire_ticks():
+    """``bytes: runs``: a tick with ``anchor/fire`` set carries ``passes["fire"]`` traversals, others
+    ``passes["fast"]``; activations are the ledger's less the basis refresh."""
+    from commrl.netmodel.inputs import run_inputs
+    from commrl.report.runs import Series, TrainRun
+
+    def per_step(*values: float) -> Series:
+        return Series.from_points(list(enumerate(values)))
+
+    metrics = {
+        "comm/bytes_activations": per_step(0, 10, 5, 10),
+        "comm/bytes_basis_refresh": per_step(0, 2, 0, 2),
+        "comm/bytes_weights": per_step(0, 4, 1, 4),
+        "time/train_s": per_step(0, 1, 1, 1),
+        "time/sample_s": per_step(0, 1, 1, 1),
+        "anchor/fire": per_step(1, 1, 0, 1),
+    }
+    run = TrainRun("id", "method/seed_0", "method", "lowrank", "0", "FINISHED", 3, 3, metrics)
+    inputs, note = run_inputs(None, run, {"fast": 3, "fire": 4})
+    assert note is None and inputs is not None
+    assert inputs.steps.tolist() == [1, 2, 3] and inputs.passes.tolist() == [4, 3, 4]
+    assert inputs.activations.tolist() == [8, 5, 8] and inputs.basis.tolist() == [2, 0, 2]

@@ -6,7 +6,8 @@ Sizes: the analytic ledger (``analytic_tick_bytes``) of the tiny pair's shape (h
 specials), 8192 tokens and two dense updates per tick. Measured: one stage boundary's share of a dense
 tick's activations (forward 0 -> 1, then backward 1 -> 0) and the ring all-reduce of the tick's dense
 weight updates over the two ranks (reduce-scatter, then all-gather, each step both ways at once). Model:
-``activation_time`` on 5 stages x 1 replica and ``weight_time`` on 1 stage x 2 replicas, at a link of
+``activation_time`` of the two training traversals on 2 stages x 1 replica in one micro-batch (one
+boundary, forward then backward) and ``weight_time`` of the whole update on 1 stage x 2 replicas, at a link of
 200 Mbit/s with the measured small-message latency. The bucket makes each exchange last ~0.2-0.35 s;
 the load of a busy machine can only delay a send past its due time, never advance it, so the fastest
 of three repeats is compared, within 25% of the model.
@@ -146,7 +147,7 @@ def test_point_to_point_and_ring_allreduce_match_the_model(ledger_sizes, measure
 
     latency_us = measured[0]["rtt_s"] / 2 * 1e6
     link = Link("loopback token bucket", RATE_BITS / 1e9, latency_us)
-    boundary = activation_time(ledger_sizes.dense_activations, Layout(stages=5, dp=1, points=4), link)
+    boundary = activation_time(ledger_sizes.dense_activations, 2, Layout(stages=2, dp=1, points=4), link)
     allreduce = weight_time(ledger_sizes.dense_weights, Layout(stages=1, dp=2, points=4), link)
     assert 0.15 < boundary < 0.5 and 0.15 < allreduce < 0.5  # the sizes the docstring promises
     p2p_s = min(measured[0]["p2p_s"])  # rank 0 times forward + backward

@@ -30,6 +30,8 @@ def test_latency_layout_and_compute_are_checked():
         Layout(stages=2, dp=0, points=4)
     with pytest.raises(NetModelError, match=r"layout.collective='tree' is invalid: one of allreduce, rs_ag"):
         Layout(stages=2, dp=2, points=4, collective="tree")
+    with pytest.raises(NetModelError, match=r"layout.micro_batches=0 is invalid: must be an integer >= 1"):
+        Layout(stages=2, dp=2, points=4, micro_batches=0)
     with pytest.raises(NetModelError, match=r"compute.train_s=-3.0 is invalid"):
         Compute(-3.0)
 
@@ -68,6 +70,15 @@ def test_config_errors_name_the_file_and_key(tmp_path):
     bad.write_text("pair: x\nbytes: runs\nlayout: {stages: 2, dp: 1}\ncompute_note: x\n")
     with pytest.raises(NetModelError, match=r"pair_x.yaml: layout.points is missing"):
         load_config(bad)
+    bad.write_text("pair: x\nbytes: runs\nlayout: {stages: 2, dp: 1, points: 4}\ncompute_note: x\n")
+    with pytest.raises(NetModelError, match=r"pair_x.yaml: passes is missing"):
+        load_config(bad)
+    bad.write_text(
+        "pair: x\nbytes: runs\nlayout: {stages: 2, dp: 1, points: 4}\ncompute_note: x\n"
+        "passes: {fast: 3, fire: 0}\n"
+    )
+    with pytest.raises(NetModelError, match=r"passes.fire=0 must be an integer >= 1"):
+        load_config(bad)
     bad.write_text("pair: x\nbytes: disk\nlayout: {}\ncompute_note: x\n")
     with pytest.raises(NetModelError, match=r"bytes='disk' is invalid: one of runs, analytic"):
         load_config(bad)
@@ -83,6 +94,7 @@ def test_config_errors_name_the_file_and_key(tmp_path):
         (["--stages", "0"], "--stages: layout.stages=0 is invalid"),
         (["--stages", "30"], "--stages: layout.stages=30 is invalid"),
         (["--dp", "-1"], "--dp: layout.dp=-1 is invalid"),
+        (["--micro-batches", "0"], "--micro-batches: layout.micro_batches=0 is invalid"),
         (["--compute-s", "-5"], "--compute-s: compute.train_s=-5.0 is invalid"),
         (["--target-fraction", "1.5"], "--target-fraction: target_fraction=1.5 is invalid"),
     ],
@@ -102,9 +114,11 @@ def test_the_command_refuses_compute_for_a_pair_measured_from_its_runs(capsys):
 
 
 def test_the_command_prints_pair_a_at_a_link_of_ones_own(capsys, tmp_path):
-    """Pair A from the analytic ledger at 25 Gbit/s, 5 us, 4 stages x 8 replicas, 400 s of compute:
-    dense's communication is 2.886e12 / (28 * 8) bytes per boundary (2 messages) plus the reduce-scatter and
-    all-gather of 6.17e9 / 4 bytes over 8 ranks: 4.988 s; no store, so no time to target."""
+    """Pair A from the analytic ledger at 25 Gbit/s, 5 us, 4 stages x 8 replicas, 86 micro-batches, 400 s
+    of compute: dense's 4 traversals of 5.772e12 bytes, (86 + 2) / 86 x 5.772e12 / (28 * 8) bytes and
+    4 x 88 messages per boundary (8.440 s), plus the reduce-scatter and all-gather over 8 ranks of the last
+    stage's 2.244e9 bytes (7 layers, the final norm and the tied head: 1.257 s): 9.696 s; no store, so no
+    time to target."""
     uri = f"sqlite:///{tmp_path / 'none.db'}"
     argv = ["netmodel", "--pair", "A", "--tracking-uri", uri, "--compute-s", "400"]
     argv += ["--bandwidth-gbps", "25", "--latency-us", "5", "--stages", "4", "--dp", "8"]
@@ -113,7 +127,7 @@ def test_the_command_prints_pair_a_at_a_link_of_ones_own(capsys, tmp_path):
     row = next(line for line in out.splitlines() if line.startswith("custom") and "no overlap" in line)
     cells = [c.strip() for c in row.split("|")]
     assert cells[:4] == ["custom", "25", "5", "no overlap"]
-    assert float(cells[4]) == pytest.approx(4.988, abs=1e-3)  # dense comm s
-    assert float(cells[6]) == pytest.approx(404.988, abs=0.01)  # dense tick, no overlap
+    assert float(cells[4]) == pytest.approx(9.6965, abs=1e-3)  # dense comm s
+    assert float(cells[6]) == pytest.approx(409.6965, abs=0.01)  # dense tick, no overlap
     assert "crossover, no overlap:" in out and "given on the command line" in out
     assert "no time to target" in out

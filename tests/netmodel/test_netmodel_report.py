@@ -25,10 +25,11 @@ ALPHA, BETA = 50e-6, 1e9 / 8  # 1GbE: 50 us, 1.25e8 bytes/s
 
 def dense_seconds_to_target_1gbe(series) -> float:
     """The store's dense seeds reach 0.95 x 0.67 at step 50; per tick, no overlap: sample 0.2 s + train
-    0.5 + 0.01 (k - 1) s + activations 8e8 / (4 points x 2 replicas) bytes (2 messages) + weights
-    2e8 / 5 stages ring-all-reduced over 2 ranks (2 (2-1)/2 x bytes, 2 latencies)."""
+    0.5 + 0.01 (k - 1) s + activations 8e8 / (4 points x 2 replicas) bytes in 4 micro-batches across 4
+    boundaries, (4 + 5 - 2) / 4 of them and 2 traversals x 7 messages + weights 2e8 / 5 stages (the runs
+    give no model shape) ring-all-reduced over 2 ranks (2 (2-1)/2 x bytes, 2 latencies)."""
     activations, weights = series.NETWORK_BYTES["dense"]
-    comm = 2 * ALPHA + activations / 8 / BETA + 2 * ALPHA + weights / 5 / BETA
+    comm = 2 * 7 * ALPHA + 7 / 4 * activations / 8 / BETA + 2 * ALPHA + weights / 5 / BETA
     return 50 * (series.SAMPLE_S + series.TRAIN_S + comm)
 
 
@@ -80,14 +81,16 @@ def test_time_to_target_from_the_runs_matches_the_hand_computation(built, series
 
 def test_time_to_target_from_the_analytic_ledger(built):
     """Pair A's tracked val/acc reaches the target at step 50; dense's tick at 1GbE, no overlap, is 400 s
-    of compute plus the ledger's dense tick on 4 stages x 8 replicas (reduce-scatter + all-gather)."""
+    of compute plus dense's tick on 4 stages x 8 replicas, 86 micro-batches: the engine's 4 traversals
+    (twice the ledger's two training passes), the last stage's share of the update (reduce-scatter +
+    all-gather)."""
     section = next(n for n in built.network if n.key == "A-analytic")
     table = next(t for t in section.tables if t.key == "network_links_A_analytic")
     row = next(r for r in table.rows if r[0] == "1GbE" and r[3] == "no overlap")
-    b = pair_a_summary()
-    comm = comm_time(
-        ChannelBytes(b.dense_activations, 0.0, b.dense_weights), Layout(4, 8, 28, "rs_ag"), named_link("1GbE")
-    )
+    b, spec = pair_a_summary(), load_config(config_dir() / "pair_A.yaml").analytic
+    share = spec.stage_weight_bytes(4)["dense"]
+    nbytes = ChannelBytes(2 * b.dense_activations, 0.0, b.dense_weights, 4, share)
+    comm = comm_time(nbytes, Layout(4, 8, 28, "rs_ag", 86), named_link("1GbE"))
     dense = row[table.columns.index("dense to target (s)")]
     assert dense.estimate == pytest.approx(50 * (400 + comm.total), rel=1e-9)
     assert "source: test" in section.summary and "analytic ledger" in section.summary

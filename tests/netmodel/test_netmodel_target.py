@@ -22,7 +22,13 @@ def val(*points: tuple[int, float]) -> Series:
 def ticks(n: int, weights: float, train: float, sample: float = 0.0) -> TickInputs:
     zeros = np.zeros(n)
     return TickInputs(
-        np.arange(1, n + 1), zeros, zeros, np.full(n, weights), np.full(n, train), np.full(n, sample)
+        np.arange(1, n + 1),
+        zeros,
+        zeros,
+        np.full(n, weights),
+        np.full(n, train),
+        np.full(n, sample),
+        np.full(n, 2),
     )
 
 

@@ -27,6 +27,7 @@ FLAGS = {  # a NetModelError's field -> the option that sets it
     "layout.stages": "--stages",
     "layout.dp": "--dp",
     "layout.collective": "--collective",
+    "layout.micro_batches": "--micro-batches",
     "compute.train_s": "--compute-s",
     "compute.method_train_s": "--method-compute-s",
     "compute.sample_s": "--sample-s",
@@ -58,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, default=None, help="pipeline stages (default: the config's)")
     parser.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: the config's)")
     parser.add_argument("--collective", default=None, help="weight update: allreduce | rs_ag")
+    parser.add_argument(
+        "--micro-batches", type=int, default=None, help="micro-batches per pass and replica (the config's)"
+    )
     parser.add_argument(
         "--compute-s", type=float, default=None, help="analytic pairs: dense trainer compute per tick (s)"
     )
@@ -98,6 +102,7 @@ def _config(args: argparse.Namespace) -> NetmodelConfig:
         compute=compute,
         tokens_per_tick=args.tokens_per_tick,
         target_fraction=args.target_fraction,
+        micro_batches=args.micro_batches,
     )
 
 

@@ -1,9 +1,11 @@
 """A pair's network-model config (``configs/netmodel/pair_<pair>.yaml``) and the inputs it leads to.
 
 Keys: ``pair``; ``bytes`` (``runs``: bytes per tick from the runs' ``comm/*``, compute from their
-``time/*``; ``analytic``: bytes from ``analytic_tick_bytes`` of ``model`` and ``analytic``, compute from
+``time/*``; ``analytic``: bytes of ``model`` and ``analytic`` as verl's engine counts them, compute from
 ``compute``); ``compressed`` (the condition compared with dense); ``layout`` (``stages``, ``dp``,
-``collective``; ``points`` with ``bytes: runs``, derived from the model with ``analytic``);
+``collective``, ``micro_batches``; ``points`` with ``bytes: runs``, derived from the model with
+``analytic``); ``passes`` (``bytes: runs`` only: the boundary traversals the runs' driver counts on a
+``fast`` tick and on a ``fire`` tick, derived from the engine's passes with ``analytic``);
 ``target_fraction``; ``interconnects`` (names of ``commrl.netmodel.links.INTERCONNECTS``); ``sweep``
 (``low_gbps``, ``high_gbps``, ``latency_us``, ``tolerance``); ``compute_note`` (what the compute times are,
 printed with every result). Unknown keys and bad values fail naming the key and the file.
@@ -44,6 +46,7 @@ TOP_KEYS = {
     "model",
     "analytic",
     "compute",
+    "passes",
 }
 ANALYTIC_ONLY = ("model", "analytic", "compute")
 
@@ -91,6 +94,7 @@ class NetmodelConfig:
     analytic: AnalyticSpec | None = None
     compute: Compute | None = None
     ticks: int = 0
+    passes: dict[str, int] | None = None
     path: str = ""
 
     def with_overrides(
@@ -101,6 +105,7 @@ class NetmodelConfig:
         compute: Compute | None = None,
         tokens_per_tick: int | None = None,
         target_fraction: float | None = None,
+        micro_batches: int | None = None,
     ) -> NetmodelConfig:
         """The same config with the given values replaced (validated again)."""
         layout = Layout(
@@ -108,6 +113,7 @@ class NetmodelConfig:
             self.layout.dp if dp is None else dp,
             self.layout.points,
             self.layout.collective if collective is None else collective,
+            self.layout.micro_batches if micro_batches is None else micro_batches,
         )
         if (compute is not None or tokens_per_tick is not None) and self.source != "analytic":
             flag = "compute" if compute is not None else "tokens_per_tick"
@@ -141,6 +147,22 @@ def _mapping(data: Any, key: str) -> dict:
     return data
 
 
+def _passes(data: Any) -> dict[str, int]:
+    """``{fast: n, fire: n}``: the boundary traversals (each counted pass's forward, each backward) the
+    runs' driver counts on a fast tick and on a fire tick."""
+    if data is None:
+        raise NetModelError(
+            "passes", "passes is missing: {fast: n, fire: n}, the traversals the runs' driver counts per tick"
+        )
+    passes = _mapping(data, "passes")
+    if set(passes) != {"fast", "fire"}:
+        raise NetModelError("passes", f"passes must have the keys fast and fire, got {sorted(passes)}")
+    for key, value in passes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise NetModelError(f"passes.{key}", f"passes.{key}={value!r} must be an integer >= 1")
+    return dict(passes)
+
+
 def _build(data: dict, path: str) -> NetmodelConfig:
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
@@ -158,7 +180,7 @@ def _build(data: dict, path: str) -> NetmodelConfig:
             "compressed", "compressed=dense is invalid: name the condition compared with dense"
         )
     layout_data = dict(_mapping(data["layout"], "layout"))
-    extra = sorted(set(layout_data) - {"stages", "dp", "points", "collective"})
+    extra = sorted(set(layout_data) - {"stages", "dp", "points", "collective", "micro_batches"})
     if extra:
         raise NetModelError(f"layout.{extra[0]}", f"unknown layout key(s) {', '.join(extra)}")
     interconnects = tuple(str(n) for n in data.get("interconnects", ()))
@@ -185,9 +207,12 @@ def _build(data: dict, path: str) -> NetmodelConfig:
             raise NetModelError(present[0], f"{present[0]} applies to bytes: analytic only")
         if "points" not in layout_data:
             raise NetModelError("layout.points", "layout.points is missing: the ledger's compression points")
-        return NetmodelConfig(source="runs", layout=Layout(**layout_data), **common)
+        passes = _passes(data.get("passes"))
+        return NetmodelConfig(source="runs", layout=Layout(**layout_data), passes=passes, **common)
     if compressed != "method":
         raise NetModelError("compressed", "bytes: analytic models the method only; set compressed: method")
+    if "passes" in data:
+        raise NetModelError("passes", "passes applies to bytes: runs only (analytic: the engine's passes)")
     if "points" in layout_data:
         raise NetModelError(
             "layout.points", "layout.points is derived from model and analytic.points; remove it"
@@ -239,14 +264,15 @@ def pair_inputs(
             notes.append(f"{cfg.pair}: no tracked runs ({err}); no time to target")
     val = {c: cv.seed_series(runs, c, "val/acc") for c in conditions} if runs is not None else {}
     if cfg.source == "runs":
-        ticks, read_notes = measured_inputs(runs, conditions, tracking_uri)
+        assert cfg.passes is not None  # a runs config has them (_build)
+        ticks, read_notes = measured_inputs(runs, conditions, tracking_uri, cfg.passes)
         notes += read_notes
         return PairInputs(
             cfg.pair, "runs", cfg.layout, cfg.compressed, ticks, val, True, cfg.compute_note, tuple(notes)
         )
     horizon = max([int(s.steps.max()) for per in val.values() for s in per.values()] + [cfg.ticks])
     compute = cfg.compute or Compute(None)
-    schedule = analytic_inputs(cfg.analytic, compute, horizon)
+    schedule = analytic_inputs(cfg.analytic, compute, horizon, cfg.layout.stages)
     ticks = {c: {ANALYTIC_SEED: schedule[c]} for c in conditions}
     note = compute.describe() if compute.known else cfg.compute_note
     return PairInputs(

@@ -7,17 +7,19 @@ latency per message (s), ``beta`` its bandwidth per direction (bytes/s), ``n`` t
 A channel with no bytes sends no message and costs nothing.
 
 The tick's channels are the byte ledger's (``commrl.compression.ledger``), whose counts are model-level:
-activations of every token of the tick at every one of the ``P`` compression points, forward and backward
-(``comm/bytes_activations - comm/bytes_basis_refresh``); the basis refresh, ``d * r`` per point
+activations of every token of the tick at every one of the ``P`` compression points, summed over the
+``n`` boundary traversals the ledger counts (each counted pass's forward, and the backward of a training
+pass; ``comm/bytes_activations - comm/bytes_basis_refresh``); the basis refresh, ``d * r`` per point
 (``comm/bytes_basis_refresh``); and the weight update of the whole model as one replica sends it
-(``comm/bytes_weights``). On a layout of ``S`` stages and ``D`` data-parallel replicas:
+(``comm/bytes_weights``). On a layout of ``S`` stages, ``D`` data-parallel replicas and ``m``
+micro-batches per pass and replica:
 
-- activations: each of the ``S - 1`` boundaries carries one point's share of one replica's tokens,
-  ``A / (P D)`` bytes, forward and backward (two messages); the boundaries of a pipelined schedule
-  (GPipe, 1F1B) transfer concurrently on their own links, so the channel costs one boundary's traffic;
+- activations: each traversal carries, per boundary and replica, one point's share ``A_k / (P D)`` in
+  ``m`` micro-batches; a pipelined schedule (GPipe, 1F1B) crosses the ``S - 1`` boundaries in
+  ``m + S - 2`` transfers of ``A_k / (P D m)`` bytes on its critical path;
 - basis refresh: each boundary's ``d * r`` basis, ``R / P`` bytes, one message, boundaries concurrently;
-- weights: each stage reduces its ``1/S`` share of the parameters across the ``D`` replicas, stages
-  concurrently: ring all-reduce, or reduce-scatter then all-gather;
+- weights: each stage reduces its own parameters' share across the ``D`` replicas, stages concurrently,
+  so the largest stage's share sets the time: ring all-reduce, or reduce-scatter then all-gather;
 - channels run one after the other (activations during the passes, the update after them).
 
 Compute time is an input, not modelled. ``train_s`` is the trainer's compute that communication can hide
@@ -42,7 +44,7 @@ def _sends(nbytes: Value) -> Value:
     return np.asarray(nbytes) > 0
 
 
-def p2p_time(nbytes: Value, link: Link, messages: int = 1) -> Value:
+def p2p_time(nbytes: Value, link: Link, messages: Value = 1) -> Value:
     """Point to point: ``t = m alpha + bytes / beta`` for ``m`` messages carrying ``bytes`` in all; 0 when
     there are no bytes."""
     return messages * link.latency_s * _sends(nbytes) + nbytes / link.bytes_per_s
@@ -64,12 +66,17 @@ def all_gather_time(nbytes: Value, n: int, link: Link) -> Value:
     return (n - 1) * link.latency_s * _sends(nbytes) + (n - 1) / n * nbytes / link.bytes_per_s
 
 
-def activation_time(nbytes: Value, layout: Layout, link: Link) -> Value:
-    """Stage boundaries: ``t = [S > 1] * p2p(A / (P D), messages = 2)`` (forward and backward of one
-    boundary; the ``S - 1`` boundaries transfer concurrently)."""
+def activation_time(nbytes: Value, passes: Value, layout: Layout, link: Link) -> Value:
+    """Stage boundaries, pipelined: ``A`` bytes over ``n`` traversals, ``m`` micro-batches, ``S`` stages:
+    ``t = (m + S - 2) / m * A / (P D beta) + n (m + S - 2) alpha`` (0 for ``S = 1``). Per traversal, each
+    replica's ``m`` micro-batches cross ``S - 1`` boundaries of ``A_k / (P D m)`` bytes per transfer, the
+    last one ``m + S - 2`` transfers after the first starts; ``m = 1``: the boundaries one after the other;
+    ``m -> inf``: one boundary's traffic."""
     if layout.boundaries == 0:
         return 0.0 * nbytes
-    return p2p_time(nbytes / (layout.points * layout.dp), link, messages=2)
+    m = layout.micro_batches
+    slots = m + layout.boundaries - 1
+    return p2p_time(nbytes * slots / (layout.points * layout.dp * m), link, messages=passes * slots)
 
 
 def basis_time(nbytes: Value, layout: Layout, link: Link) -> Value:
@@ -79,11 +86,10 @@ def basis_time(nbytes: Value, layout: Layout, link: Link) -> Value:
     return p2p_time(nbytes / layout.points, link, messages=1)
 
 
-def weight_time(nbytes: Value, layout: Layout, link: Link) -> Value:
-    """Weight update: each stage's share ``W / S`` across the ``D`` replicas; ``allreduce``:
-    ``t = ring_allreduce(W / S, D)``, ``rs_ag``: ``t = reduce_scatter(W / S, D) + all_gather(W / S, D)``
-    (the same bandwidth term, ``2 (D - 1) / D * W / (S beta)``)."""
-    share = nbytes / layout.stages
+def weight_time(share: Value, layout: Layout, link: Link) -> Value:
+    """Weight update: the largest stage's share ``W_s`` across the ``D`` replicas (stages concurrently);
+    ``allreduce``: ``t = ring_allreduce(W_s, D)``, ``rs_ag``: ``t = reduce_scatter(W_s, D) +
+    all_gather(W_s, D)`` (the same bandwidth term, ``2 (D - 1) / D * W_s / beta``)."""
     if layout.collective == "allreduce":
         return ring_allreduce_time(share, layout.dp, link)
     return reduce_scatter_time(share, layout.dp, link) + all_gather_time(share, layout.dp, link)
@@ -91,14 +97,20 @@ def weight_time(nbytes: Value, layout: Layout, link: Link) -> Value:
 
 @dataclass(frozen=True)
 class ChannelBytes:
-    """A tick's bytes per channel as the ledger counts them (model-level; scalars or one per tick)."""
+    """A tick's bytes per channel as the ledger counts them (model-level; scalars or one per tick);
+    ``passes``: the boundary traversals ``n`` that carry ``activations``; ``stage_weights``: the largest
+    pipeline stage's share of ``weights`` (None: ``W / S``, parameters spread evenly over the stages)."""
 
     activations: Value
     basis: Value
     weights: Value
+    passes: Value
+    stage_weights: Value | None = None
 
     def __post_init__(self) -> None:
-        for field in ("activations", "basis", "weights"):
+        for field in ("activations", "basis", "weights", "passes", "stage_weights"):
+            if getattr(self, field) is None:
+                continue
             values = np.asarray(getattr(self, field), dtype=np.float64)
             if not np.all(np.isfinite(values)) or np.any(values < 0):
                 raise NetModelError(
@@ -122,11 +134,13 @@ class CommTime:
 
 
 def comm_time(nbytes: ChannelBytes, layout: Layout, link: Link) -> CommTime:
-    """``t_comm = t_act + t_basis + t_weights`` (``activation_time``, ``basis_time``, ``weight_time``)."""
+    """``t_comm = t_act + t_basis + t_weights`` (``activation_time``, ``basis_time``, ``weight_time`` of
+    ``stage_weights``, else of ``W / S``)."""
+    share = nbytes.weights / layout.stages if nbytes.stage_weights is None else nbytes.stage_weights
     return CommTime(
-        activation_time(nbytes.activations, layout, link),
+        activation_time(nbytes.activations, nbytes.passes, layout, link),
         basis_time(nbytes.basis, layout, link),
-        weight_time(nbytes.weights, layout, link),
+        weight_time(share, layout, link),
     )
 
 

@@ -2,17 +2,20 @@
 analytic ledger.
 
 - ``measured_inputs``: a pair's training runs in MLflow (read through ``commrl.report.runs``): per tick
-  ``comm/bytes_activations - comm/bytes_basis_refresh`` (activations, forward and backward),
-  ``comm/bytes_basis_refresh``, ``comm/bytes_weights`` and the measured ``time/train_s``, ``time/sample_s``.
+  ``comm/bytes_activations - comm/bytes_basis_refresh`` (activations, every counted pass),
+  ``comm/bytes_basis_refresh``, ``comm/bytes_weights`` and the measured ``time/train_s``, ``time/sample_s``;
+  the boundary traversals per tick from the config's ``passes`` and the run's ``anchor/fire``.
   Step ``s`` is the tick that produced the model validated at step ``s`` (``val/acc``, step 0 = the base).
-- ``analytic_inputs``: ``analytic_tick_bytes`` (``commrl.compression.ledger``) for a model shape, with the
-  anchor's schedule (tick ``t = s - 1`` fires when ``t % K == 0``) and compute seconds given by the user.
+- ``analytic_inputs``: for a model shape, the weight updates and basis refresh of ``analytic_tick_bytes``
+  (``commrl.compression.ledger``), the activations of every pass verl's engine counts (``engine_passes``),
+  the largest pipeline stage's share of the update (``Qwen2Shape.stage_shapes``), with the anchor's
+  schedule (tick ``t = s - 1`` fires when ``t % K == 0``) and compute seconds given by the user.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,19 +23,22 @@ import numpy as np
 
 from commrl import tracking
 from commrl.compression.config import POINTS, compression_layers
-from commrl.compression.ledger import AnalyticBytes, analytic_tick_bytes
+from commrl.compression.ledger import AnalyticBytes, analytic_tick_bytes, weight_update_elements
 from commrl.netmodel.cost import ChannelBytes, CommTime, comm_time, tick_time
 from commrl.netmodel.links import Layout, Link, NetModelError
 from commrl.report.runs import PairRuns, Series, TrainRun
 
 ACTIVATIONS, BASIS, WEIGHTS = "comm/bytes_activations", "comm/bytes_basis_refresh", "comm/bytes_weights"
-TRAIN_S, SAMPLE_S = "time/train_s", "time/sample_s"
-TICK_METRICS: tuple[str, ...] = (ACTIVATIONS, BASIS, WEIGHTS, TRAIN_S, SAMPLE_S)
+TRAIN_S, SAMPLE_S, FIRE = "time/train_s", "time/sample_s", "anchor/fire"
+TICK_METRICS: tuple[str, ...] = (ACTIVATIONS, BASIS, WEIGHTS, TRAIN_S, SAMPLE_S, FIRE)
+OPTIONAL_METRICS = (BASIS, FIRE)  # missing: 0 (no basis refresh, no fire)
 
 
 @dataclass(frozen=True)
 class TickInputs:
-    """Per tick (``steps``, ascending, >= 1): bytes per channel and compute seconds (equal-length arrays)."""
+    """Per tick (``steps``, ascending, >= 1): bytes per channel, the boundary traversals ``passes`` that
+    carry the activations, compute seconds, and optionally the largest pipeline stage's share of the weight
+    update (``stage_weights``; None: ``weights / S``) (equal-length arrays)."""
 
     steps: np.ndarray
     activations: np.ndarray
@@ -40,11 +46,15 @@ class TickInputs:
     weights: np.ndarray
     train_s: np.ndarray
     sample_s: np.ndarray
+    passes: np.ndarray
+    stage_weights: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.steps)
-        for field in ("activations", "basis", "weights", "train_s", "sample_s"):
+        for field in ("activations", "basis", "weights", "train_s", "sample_s", "passes", "stage_weights"):
             values = getattr(self, field)
+            if values is None:
+                continue
             if len(values) != n:
                 raise NetModelError(field, f"{field} has {len(values)} ticks, steps has {n}")
             if not np.all(np.isfinite(values)) or np.any(values < 0):
@@ -55,7 +65,7 @@ class TickInputs:
 
     @property
     def bytes(self) -> ChannelBytes:
-        return ChannelBytes(self.activations, self.basis, self.weights)
+        return ChannelBytes(self.activations, self.basis, self.weights, self.passes, self.stage_weights)
 
     def comm(self, layout: Layout, link: Link) -> CommTime:
         """Per tick ``comm_time`` (``commrl.netmodel.cost``)."""
@@ -78,11 +88,13 @@ def _on_steps(series: Series, steps: np.ndarray) -> np.ndarray:
     return series.values[np.searchsorted(series.steps, steps)]
 
 
-def run_inputs(client, run: TrainRun) -> tuple[TickInputs | None, str | None]:
-    """One run's ``TickInputs`` on the steps >= 1 where all five metrics are logged
-    (``comm/bytes_basis_refresh`` missing counts as 0); ``(None, why)`` when the run lacks a metric."""
+def run_inputs(client, run: TrainRun, passes: Mapping[str, int]) -> tuple[TickInputs | None, str | None]:
+    """One run's ``TickInputs`` on the steps >= 1 where all its metrics are logged
+    (``comm/bytes_basis_refresh`` and ``anchor/fire`` missing count as 0); boundary traversals per tick
+    ``passes["fire"]`` where ``anchor/fire`` is set, else ``passes["fast"]``; ``(None, why)`` when the run
+    lacks a metric."""
     found = {key: _series(client, run, key) for key in TICK_METRICS}
-    missing = [k for k, s in found.items() if s is None and k != BASIS]
+    missing = [k for k, s in found.items() if s is None and k not in OPTIONAL_METRICS]
     if missing:
         return None, f"run {run.name} has no {', '.join(missing)}"
     common = set.intersection(*(set(s.steps.tolist()) for s in found.values() if s is not None))
@@ -90,6 +102,7 @@ def run_inputs(client, run: TrainRun) -> tuple[TickInputs | None, str | None]:
     if not len(steps):
         return None, f"run {run.name} logs {', '.join(TICK_METRICS)} at no common tick >= 1"
     basis = _on_steps(found[BASIS], steps) if found[BASIS] is not None else np.zeros(len(steps))
+    fire = _on_steps(found[FIRE], steps) > 0 if found[FIRE] is not None else np.zeros(len(steps), bool)
     activations = _on_steps(found[ACTIVATIONS], steps) - basis
     inputs = TickInputs(
         steps,
@@ -98,6 +111,7 @@ def run_inputs(client, run: TrainRun) -> tuple[TickInputs | None, str | None]:
         _on_steps(found[WEIGHTS], steps),
         _on_steps(found[TRAIN_S], steps),
         _on_steps(found[SAMPLE_S], steps),
+        np.where(fire, passes["fire"], passes["fast"]),
     )
     return inputs, (None if found[BASIS] is not None else f"run {run.name}: no {BASIS}, counted as 0")
 
@@ -114,20 +128,32 @@ def store_client(tracking_uri: str | None):
 
 
 def measured_inputs(
-    runs: PairRuns, conditions: Sequence[str], tracking_uri: str | None
+    runs: PairRuns, conditions: Sequence[str], tracking_uri: str | None, passes: Mapping[str, int]
 ) -> tuple[dict[str, dict[str, TickInputs]], list[str]]:
-    """``condition -> seed -> TickInputs`` of the pair's training runs, and notes on runs left out."""
+    """``condition -> seed -> TickInputs`` of the pair's training runs (``run_inputs``), and notes on runs
+    left out."""
     client = store_client(tracking_uri)
     found: dict[str, dict[str, TickInputs]] = {}
     notes: list[str] = []
     for condition in conditions:
         for run in runs.runs_of(condition):
-            inputs, note = run_inputs(client, run)
+            inputs, note = run_inputs(client, run, passes)
             if note:
                 notes.append(f"{runs.pair}: {note}" + ("" if inputs else "; left out of the network model"))
             if inputs is not None:
                 found.setdefault(condition, {})[run.seed] = inputs
     return found, notes
+
+
+def qwen2_layer_shapes(
+    hidden_size: int, intermediate_size: int, num_attention_heads: int, num_key_value_heads: int
+) -> list[tuple[int, ...]]:
+    """One Qwen2 decoder layer's parameter shapes (q/k/v projections with biases, o without; SwiGLU MLP;
+    two RMSNorms): ``q = heads * head_dim``, ``kv = kv_heads * head_dim``, ``head_dim = hidden / heads``."""
+    head_dim = hidden_size // num_attention_heads
+    q, kv, d = num_attention_heads * head_dim, num_key_value_heads * head_dim, hidden_size
+    attention = [(q, d), (q,), (kv, d), (kv,), (kv, d), (kv,), (d, q)]
+    return [*attention, (intermediate_size, d), (intermediate_size, d), (d, intermediate_size), (d,), (d,)]
 
 
 def qwen2_weight_shapes(
@@ -139,15 +165,22 @@ def qwen2_weight_shapes(
     vocab_size: int,
     tie_word_embeddings: bool,
 ) -> list[tuple[int, ...]]:
-    """Every parameter's shape of a Qwen2 decoder (q/k/v projections with biases, o without; SwiGLU MLP;
-    two RMSNorms per layer and a final one; one embedding when tied, else a separate LM head):
-    ``q = heads * head_dim``, ``kv = kv_heads * head_dim``, ``head_dim = hidden / heads``."""
-    head_dim = hidden_size // num_attention_heads
-    q, kv, d = num_attention_heads * head_dim, num_key_value_heads * head_dim, hidden_size
-    per_layer = [(q, d), (q,), (kv, d), (kv,), (kv, d), (kv,), (d, q)]
-    per_layer += [(intermediate_size, d), (intermediate_size, d), (d, intermediate_size), (d,), (d,)]
-    head = [] if tie_word_embeddings else [(vocab_size, d)]
-    return [(vocab_size, d), *per_layer * num_hidden_layers, (d,), *head]
+    """Every parameter's shape of a Qwen2 decoder: the embedding, ``qwen2_layer_shapes`` per layer, the final
+    RMSNorm, and a separate LM head unless the embeddings are tied."""
+    layer = qwen2_layer_shapes(hidden_size, intermediate_size, num_attention_heads, num_key_value_heads)
+    head = [] if tie_word_embeddings else [(vocab_size, hidden_size)]
+    return [(vocab_size, hidden_size), *layer * num_hidden_layers, (hidden_size,), *head]
+
+
+def stage_layers(layers: int, stages: int) -> list[int]:
+    """Decoder layers per pipeline stage, as even as possible: ``floor(L / S)`` each, the ``L mod S`` left
+    over to the middle stages first, then to the first (the first stage also holds the embedding, the last
+    the final norm and the LM head)."""
+    base, extra = divmod(layers, stages)
+    counts = [base] * stages
+    for s in [*range(1, stages - 1), 0][:extra]:
+        counts[s] += 1
+    return counts
 
 
 @dataclass(frozen=True)
@@ -196,6 +229,36 @@ class Qwen2Shape:
             self.tie_word_embeddings,
         )
 
+    def stage_shapes(self, stages: int) -> list[list[tuple[int, ...]]]:
+        """Each pipeline stage's parameter shapes: its ``stage_layers`` decoder layers, the embedding on the
+        first stage, the final RMSNorm and the LM head on the last; tied embeddings on ``S > 1`` stages put
+        a copy of the embedding there as the head (Megatron-LM's shared embedding), reduced with that
+        stage's update."""
+        layer = qwen2_layer_shapes(
+            self.hidden_size, self.intermediate_size, self.num_attention_heads, self.num_key_value_heads
+        )
+        embedding = (self.vocab_size, self.hidden_size)
+        out = [layer * n for n in stage_layers(self.num_hidden_layers, stages)]
+        out[0] = [embedding, *out[0]]
+        head = [] if self.tie_word_embeddings and stages == 1 else [embedding]
+        out[-1] = [*out[-1], (self.hidden_size,), *head]
+        return out
+
+
+def engine_passes(hidden: int, rank: int) -> dict[str, tuple[int, ...]]:
+    """Elements per token and compression point of each boundary traversal that verl's engine
+    (``commrl.verl_ext.engine``) counts in one tick of pair A's resolved config (configs/verl/pair/A.yaml:
+    old log-probs recomputed by the trainer, ``rl.behaviour_logprobs: trainer``; the KL loss's reference
+    pass through the actor's codec, ``method.kl_ref_forward: codec``; one mini-batch per tick), in order:
+
+    - ``fast``: the old-log-prob forward, the reference forward, the training forward and backward, ``r``
+      each;
+    - ``fire``: the old-log-prob and reference forwards ``r`` (the reference's dense twin is not counted), the
+      anchor's dense replay forward and backward ``d``;
+    - ``dense`` (identity codec): the same four traversals at ``d``.
+    """
+    return {"fast": (rank,) * 4, "fire": (rank, rank, hidden, hidden), "dense": (hidden,) * 4}
+
 
 @dataclass(frozen=True)
 class AnalyticSpec:
@@ -235,8 +298,32 @@ class AnalyticSpec:
         """``P``: ``L`` compression points under ``points: all``, ``L - 1`` under ``boundaries``."""
         return len(compression_layers(self.model.num_hidden_layers, self.points))
 
+    def passes(self) -> dict[str, tuple[int, ...]]:
+        """``engine_passes`` of this shape and rank: per tick kind (fast, fire, dense) the traversals."""
+        return engine_passes(self.model.hidden_size, self.rank)
+
+    def activation_bytes(self) -> dict[str, float]:
+        """Per tick kind the activation bytes the engine counts: ``A = P T b sum_k e_k`` over ``passes``."""
+        scale = self.n_points * self.tokens_per_tick * self.act_bytes
+        return {kind: float(scale * sum(elements)) for kind, elements in self.passes().items()}
+
+    def stage_weight_bytes(self, stages: int) -> dict[str, float]:
+        """Per tick kind the largest stage's share of the weight update (``Qwen2Shape.stage_shapes``):
+        ``b_g max_s sum_{p in s} e(p)``, ``e`` PowerSGD's elements on a fast tick and ``numel`` on dense's
+        (``updates_per_tick`` updates each) and on a fire tick (one dense update), as ``tick_bytes``."""
+        per_stage = self.model.stage_shapes(stages)
+
+        def largest(elements: Callable[[tuple[int, ...]], int]) -> float:
+            return float(self.grad_bytes * max(sum(elements(p) for p in shapes) for shapes in per_stage))
+
+        dense = largest(math.prod)
+        fast = largest(lambda p: weight_update_elements(p, self.grad_rank, self.min_compression_rate)[0])
+        return {"fast": self.updates_per_tick * fast, "fire": dense, "dense": self.updates_per_tick * dense}
+
     def tick_bytes(self) -> AnalyticBytes:
-        """``analytic_tick_bytes`` of this shape and method (lowrank + PowerSGD + anchor, the method)."""
+        """``analytic_tick_bytes`` of this shape and method (lowrank + PowerSGD + anchor, the method): its
+        weight updates and basis refresh; its activations count the training passes only
+        (``activation_bytes`` has every pass the engine counts)."""
         return analytic_tick_bytes(
             self.model.hidden_size,
             self.model.num_hidden_layers,
@@ -297,31 +384,41 @@ class Compute:
         )
 
 
-def analytic_inputs(spec: AnalyticSpec, compute: Compute, ticks: int) -> dict[str, TickInputs]:
-    """``dense`` and ``method`` per tick ``1..ticks`` from ``spec.tick_bytes()``: dense sends
-    ``dense_activations`` and ``dense_weights`` every tick; the method's tick ``t = s - 1`` is an anchor fire
-    (``fire_activations``, ``fire_basis``, ``fire_weights``) when ``t % K == 0``, else a fast tick
-    (``fast_activations``, ``fast_weights``). Compute seconds are constant per tick (0 where unknown)."""
-    b = spec.tick_bytes()
+def analytic_inputs(spec: AnalyticSpec, compute: Compute, ticks: int, stages: int) -> dict[str, TickInputs]:
+    """``dense`` and ``method`` per tick ``1..ticks``: dense's tick every tick; the method's tick
+    ``t = s - 1`` is an anchor fire when ``t % K == 0`` (with the basis refresh), else a fast tick.
+    Activations and their traversals from ``spec.activation_bytes()`` and ``spec.passes()``, weights and the
+    basis from ``spec.tick_bytes()``, the largest of ``stages`` stages' share of the weights from
+    ``spec.stage_weight_bytes(stages)``. Compute seconds are constant per tick (0 where unknown)."""
+    b, act, share = spec.tick_bytes(), spec.activation_bytes(), spec.stage_weight_bytes(stages)
+    passes = {kind: len(p) for kind, p in spec.passes().items()}
     steps = np.arange(1, ticks + 1, dtype=np.int64)
     fire = (steps - 1) % b.cadence == 0
     train = compute.train_s or 0.0
     method_train = compute.method_train_s if compute.method_train_s is not None else train
     sample = np.full(ticks, compute.sample_s or 0.0)
+
+    def per_tick(by_kind: dict[str, float]) -> np.ndarray:
+        return np.where(fire, by_kind["fire"], by_kind["fast"]).astype(np.float64)
+
     dense = TickInputs(
         steps,
-        np.full(ticks, b.dense_activations),
+        np.full(ticks, act["dense"]),
         np.zeros(ticks),
         np.full(ticks, b.dense_weights),
         np.full(ticks, train),
         sample,
+        np.full(ticks, passes["dense"]),
+        np.full(ticks, share["dense"]),
     )
-    method = TickInputs(
+    compressed = TickInputs(
         steps,
-        np.where(fire, b.fire_activations, b.fast_activations),
+        per_tick(act),
         np.where(fire, b.fire_basis, 0.0),
         np.where(fire, b.fire_weights, b.fast_weights),
         np.full(ticks, method_train),
         sample,
+        np.where(fire, passes["fire"], passes["fast"]),
+        per_tick(share),
     )
-    return {"dense": dense, "method": method}
+    return {"dense": dense, "method": compressed}

@@ -144,16 +144,19 @@ def named_link(name: str) -> Link:
 class Layout:
     """Where the ledger's bytes travel: ``stages`` pipeline stages (``stages - 1`` boundary links),
     ``dp`` data-parallel replicas of the pipeline, ``points`` the ledger's compression points (each a
-    possible boundary: ``L`` under ``method.points=all``, ``L - 1`` under ``boundaries``), and the weight
-    update's collective (``allreduce``: ring all-reduce; ``rs_ag``: reduce-scatter then all-gather)."""
+    possible boundary: ``L`` under ``method.points=all``, ``L - 1`` under ``boundaries``), the weight
+    update's collective (``allreduce``: ring all-reduce; ``rs_ag``: reduce-scatter then all-gather), and
+    ``micro_batches``, the micro-batches ``m`` each replica's tokens of one pass are split into (the
+    pipeline's schedule: ``commrl.netmodel.cost.activation_time``)."""
 
     stages: int
     dp: int
     points: int
     collective: str = "allreduce"
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
-        for field in ("stages", "dp", "points"):
+        for field in ("stages", "dp", "points", "micro_batches"):
             value = getattr(self, field)
             if not _integer(value) or value < 1:
                 raise invalid(f"layout.{field}", value, "must be an integer >= 1", "give a whole number")
@@ -179,5 +182,6 @@ class Layout:
         collective = "ring all-reduce" if self.collective == "allreduce" else "reduce-scatter + all-gather"
         return (
             f"{self.stages} pipeline stages ({self.boundaries} boundaries of {self.points} compression "
-            f"points), data-parallel {self.dp}, weights by {collective}"
+            f"points), {self.micro_batches} micro-batch{'es' if self.micro_batches != 1 else ''} per pass "
+            f"and replica, data-parallel {self.dp}, weights by {collective}"
         )

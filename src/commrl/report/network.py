@@ -36,14 +36,16 @@ TICK_FIGURE, TARGET_FIGURE = 12, 13
 COMPUTE_GRID_S = np.geomspace(1.0, 1e4, 25)  # assumed compute per tick, when none is known
 MODEL_GUIDE = (
     "Network model (commrl.netmodel): each channel of the byte ledger costs latency + bytes / bandwidth "
-    "(alpha-beta model, bandwidth per direction). Stage boundaries are point to point: each of the S - 1 "
-    "boundaries carries one compression point's share of one replica's tokens, A / (P D), forward and "
-    "backward, the boundaries transferring concurrently; the basis refresh sends R / P per boundary; each "
-    "stage reduces its share W / S of the weight update across the D replicas, ring all-reduce "
-    "2(D-1)/D * bytes + 2(D-1) latencies, or reduce-scatter and all-gather (D-1)/D * bytes each. Channels "
-    "run in turn. Bounds: no overlap, tick = sampling + training compute + communication; full overlap, "
-    "tick = sampling + max(training compute, communication). Time to target: the modelled seconds of the "
-    "ticks up to the first validation at or above the target."
+    "(alpha-beta model, bandwidth per direction). Stage boundaries are point to point and pipelined: each "
+    "of the n traversals a tick counts (every counted pass's forward, each backward) sends one compression "
+    "point's share of one replica's tokens, A / (P D), across the S - 1 boundaries in m micro-batches, "
+    "m + S - 2 transfers on the critical path: (m + S - 2) / m * A / (P D) bytes and n (m + S - 2) "
+    "latencies; the basis refresh sends R / P per boundary; each stage reduces its own parameters' share of "
+    "the weight update across the D replicas, the largest share setting the time (W / S where the runs give "
+    "no model shape), ring all-reduce 2(D-1)/D * bytes + 2(D-1) latencies, or reduce-scatter and all-gather "
+    "(D-1)/D * bytes each. Channels run in turn. Bounds: no overlap, tick = sampling + training compute + "
+    "communication; full overlap, tick = sampling + max(training compute, communication). Time to target: "
+    "the modelled seconds of the ticks up to the first validation at or above the target."
 )
 
 
@@ -124,7 +126,7 @@ def summary(result: NetworkResult) -> str:
     source = (
         f"bytes per tick from the runs' byte ledger ({seeds})"
         if pi.source == "runs"
-        else "bytes per tick from the analytic ledger (analytic_tick_bytes)"
+        else "bytes per tick from the analytic ledger (every pass verl's engine counts: engine_passes)"
     )
     target = result.target.describe() if result.target else "no target (see the notes)"
     return f"{source}; {pi.compute_note}. Layout: {pi.layout.describe()}. Target: {target}."
