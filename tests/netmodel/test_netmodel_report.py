@@ -102,3 +102,16 @@ def test_the_command_reads_the_store(net_store_uri, runs_config, series, capsys)
     out = capsys.readouterr().out
     assert "runs per condition: dense 3, method 3" in out
     assert f"{dense_seconds_to_target_1gbe(series):.5g}" in out and "(3/3 seeds)" in out
+
+
+def test_figure_12_captions_say_how_ticks_are_averaged_and_name_the_links_left_off(built):
+    """The runs: a mean over a run's ticks, then seeds, every named link in range; the analytic ledger: one
+    schedule of 100 ticks, no seeds, and NVLink4 (3600 Gbit/s) above the plotted 0.1-400 Gbit/s."""
+    captions = json.loads((built.out_dir / "captions.json").read_text())
+    runs, analytic = captions["fig12_net_tick_runs_A.png"], captions["fig12_net_tick_analytic_A.png"]
+    assert "(mean over the ticks of a run, then over seeds)" in runs
+    assert "Dotted: the named interconnects." in runs and "not drawn" not in runs
+    assert "(mean over the 100 ticks of the analytic schedule, which has no seeds)" in analytic
+    assert "over seeds" not in analytic
+    left_off = "outside the plotted 0.1-400 Gbit/s and not drawn: NVLink4 (3600 Gbit/s)."
+    assert f"Dotted: the named interconnects; {left_off}" in analytic

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 
 from commrl.report import curves as cv
 from commrl.report.runs import Series
 from commrl.report.stats import mean_interval
-from commrl.report.style import condition_colours, order_conditions
+from commrl.report.style import (
+    CONDITION_COLOURS,
+    CONDITION_ORDER,
+    FALLBACK_COLOURS,
+    condition_colours,
+    order_conditions,
+)
 
 
 def series(points: dict[int, float]) -> Series:
@@ -74,3 +83,25 @@ def test_known_conditions_keep_the_notes_colours_and_others_get_distinct_fallbac
     assert len({colours["zeta"], colours["alpha"], colours["dense"], colours["method"]}) == 4
     assert order_conditions(["zeta", "method", "dense", "alpha"]) == ["dense", "method", "alpha", "zeta"]
     assert np.all(np.array([len(c) for c in colours.values()]) == 7)
+
+
+def rgb_distance(a: str, b: str) -> float:
+    return math.dist(*([int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in (a, b)))
+
+
+def test_every_two_conditions_have_clearly_different_colours():
+    """The 14 tiny conditions, and the whole palette, pairwise more than 60 apart in RGB (0-255 a channel);
+    the note's five colours are kept."""
+    assert len(CONDITION_ORDER) == 14
+    colours = condition_colours(CONDITION_ORDER)
+    for (a, ca), (b, cb) in itertools.combinations(colours.items(), 2):
+        assert rgb_distance(ca, cb) > 60, (a, ca, b, cb)
+    palette = [*CONDITION_COLOURS.values(), *FALLBACK_COLOURS]
+    assert min(rgb_distance(a, b) for a, b in itertools.combinations(palette, 2)) > 60
+    assert CONDITION_COLOURS == {
+        "dense": "#2ca02c",
+        "method": "#1f77b4",
+        "anchor_off": "#d62728",
+        "dropout": "#7f7f7f",
+        "prf_mask": "#9467bd",
+    }

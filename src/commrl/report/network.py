@@ -23,7 +23,15 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from commrl.netmodel.analysis import BOUNDS, DENSE, NetworkResult, crossover, evaluate, mean_curve
+from commrl.netmodel.analysis import (
+    ANALYTIC_SEED,
+    BOUNDS,
+    DENSE,
+    NetworkResult,
+    crossover,
+    evaluate,
+    mean_curve,
+)
 from commrl.netmodel.config import NetmodelConfig, config_dir, load_config, pair_inputs
 from commrl.netmodel.cost import Crossover
 from commrl.netmodel.links import Link, NetModelError, named_link
@@ -149,6 +157,29 @@ def _links_in_range(result: NetworkResult) -> list[Link]:
     ]
 
 
+def links_caption(result: NetworkResult) -> str:
+    """``Dotted: the named interconnects`` and those left off, outside the plotted bandwidths."""
+    drawn = _links_in_range(result)
+    off = [r.link for r in result.rows if not r.overlap and r.link not in drawn]
+    text = "Dotted: the named interconnects"
+    if not off:
+        return text + "."
+    sweep = result.sweep
+    names = ", ".join(f"{link.name} ({link.bandwidth_gbps:g} Gbit/s)" for link in off)
+    return (
+        f"{text}; outside the plotted {sweep.low_gbps:g}-{sweep.high_gbps:g} Gbit/s and not drawn: {names}."
+    )
+
+
+def averaging_caption(result: NetworkResult) -> str:
+    """How a tick time is averaged: over a run's ticks then seeds, or over the analytic schedule's ticks."""
+    pi = result.inputs
+    if pi.source == "runs":
+        return "mean over the ticks of a run, then over seeds"
+    ticks = len(pi.tick_inputs(DENSE, ANALYTIC_SEED))
+    return f"mean over the {ticks} ticks of the analytic schedule, which has no seeds"
+
+
 def _mark_links(ax: Axes, links: Sequence[Link]) -> None:
     """A dotted vertical line per named interconnect, named just above the axes."""
     for link in links:
@@ -214,8 +245,8 @@ def tick_time_figure(result: NetworkResult, out_dir: Path, colours: dict[str, st
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="x-small")
     caption = (
-        f"Modelled seconds per tick (mean over the ticks of a run, then over seeds) against the bandwidth of "
-        f"every link, at {sweep.latency_us:g} us latency per message; {pi.layout.describe()}. "
+        f"Modelled seconds per tick ({averaging_caption(result)}) against the bandwidth of every link, at "
+        f"{sweep.latency_us:g} us latency per message; {pi.layout.describe()}. "
     )
     if known:
         caption += (
@@ -223,7 +254,7 @@ def tick_time_figure(result: NetworkResult, out_dir: Path, colours: dict[str, st
             "(sampling + max(training compute, communication)). Black lines: the crossover of each bound, "
             f"above which the method saves less than {sweep.tolerance:.0%} of dense's tick: "
             + "; ".join(f"{BOUNDS[o]} {c.short()}" for o, c in result.crossovers.items())
-            + f". Dotted: the named interconnects. Compute: {pi.compute_note}."
+            + f". {links_caption(result)} Compute: {pi.compute_note}."
         )
     else:
         right = axes[1]
@@ -249,7 +280,7 @@ def tick_time_figure(result: NetworkResult, out_dir: Path, colours: dict[str, st
             "crossover bandwidth (above it the method saves less than "
             f"{sweep.tolerance:.0%} of dense's tick) if both conditions computed the given seconds per tick "
             "and sampled in no time; solid no overlap, dashed full overlap; a gap where the crossover lies "
-            "outside the bandwidth range. Dotted: the named interconnects."
+            f"outside the bandwidth range. {links_caption(result)}"
         )
     fig.suptitle(f"{title}: pair {pi.label}")
     _save(fig, out_dir / file)

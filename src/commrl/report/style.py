@@ -14,16 +14,16 @@ CONDITION_COLOURS: dict[str, str] = {
     "dropout": "#7f7f7f",  # grey
     "prf_mask": "#9467bd",  # purple
 }
-FALLBACK_COLOURS: tuple[str, ...] = (
-    "#ff7f0e",
-    "#8c564b",
-    "#e377c2",
-    "#bcbd22",
-    "#17becf",
-    "#393b79",
-    "#e7969c",
-    "#637939",
-    "#843c39",
+FALLBACK_COLOURS: tuple[str, ...] = (  # pairwise distinct from each other and the above (tests/report)
+    "#ff7f0e",  # orange
+    "#8c564b",  # brown
+    "#e377c2",  # pink
+    "#bcbd22",  # olive
+    "#17becf",  # cyan
+    "#393b79",  # navy
+    "#ff00ff",  # magenta
+    "#006d6d",  # teal
+    "#000000",  # black
 )
 ASYNC_CONDITIONS: tuple[str, ...] = (  # asynchronous training (rl.staleness 1) and its rollout corrections
     "dense_async",
