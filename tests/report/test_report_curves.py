@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from commrl.report import curves as cv
-from commrl.report.runs import Series
+from commrl.report.runs import PairRuns, Series, TrainRun
 from commrl.report.stats import mean_interval
 from commrl.report.style import (
     CONDITION_COLOURS,
@@ -59,6 +59,17 @@ def test_start_mean_best_and_mean_over_ticks():
     assert cv.mean_over_ticks(s) == pytest.approx(0.375)
     assert cv.best(series({0: float("nan")})) is None
     assert cv.mean_over_ticks(series({0: float("nan")})) is None
+
+
+def test_curves_on_a_window_keep_the_ticks_up_to_it_and_the_seeds_that_logged_one():
+    logged = {"0": series({0: 0.1, 5: 0.2, 10: 0.3}), "1": series({8: 0.5, 10: 0.6})}
+    train = [TrainRun(s, s, "dense", "", s, "FINISHED", 5, 10, {"m": v}) for s, v in logged.items()]
+    runs = PairRuns("P", train, [], [])
+    (window,) = cv.curves(runs, "m", ["dense"], 5).values()
+    assert window.steps.tolist() == [0, 5] and window.seeds == 1  # seed 1 starts after tick 5
+    assert cv.curves(runs, "m", ["dense"])["dense"].steps.tolist() == [0, 5, 8, 10]
+    assert cv.curves(runs, "m", ["dense"], -1) == {}
+    assert cv.last_tick(runs, "m", ["dense"]) == 10 and cv.last_tick(runs, "other", ["dense"]) is None
 
 
 def test_per_seed_drops_seeds_without_a_value():

@@ -49,16 +49,27 @@ def seed_series(runs: PairRuns, condition: str, metric: str) -> dict[str, Series
     return {seed: s for seed, s in found.items() if s is not None and len(s.steps)}
 
 
-def condition_curve(runs: PairRuns, condition: str, metric: str) -> Curve | None:
-    """The curve of ``metric`` over the seeds of ``condition``; None when no seed logged it."""
-    series = list(seed_series(runs, condition, metric).values())
+def condition_curve(runs: PairRuns, condition: str, metric: str, tick: int | None = None) -> Curve | None:
+    """The curve of ``metric`` over the seeds of ``condition``, on the ticks ``<= tick`` (all of them when
+    ``tick`` is None); None when no seed logged one of them."""
+    series = [until(s, tick) for s in seed_series(runs, condition, metric).values()]
+    series = [s for s in series if len(s.steps)]
     return aggregate(series) if series else None
 
 
-def curves(runs: PairRuns, metric: str, conditions: Sequence[str]) -> dict[str, Curve]:
-    """``condition -> curve`` for the conditions that logged ``metric``, in the given order."""
-    found = {c: condition_curve(runs, c, metric) for c in conditions}
+def curves(
+    runs: PairRuns, metric: str, conditions: Sequence[str], tick: int | None = None
+) -> dict[str, Curve]:
+    """``condition -> curve`` (ticks ``<= tick``; all when None) for the conditions that logged ``metric``
+    there, in the given order."""
+    found = {c: condition_curve(runs, c, metric, tick) for c in conditions}
     return {c: curve for c, curve in found.items() if curve is not None}
+
+
+def last_tick(runs: PairRuns, metric: str, conditions: Sequence[str]) -> int | None:
+    """The last tick at which a run of ``conditions`` logged ``metric``; None when none did."""
+    ends = [int(s.steps[-1]) for c in conditions for s in seed_series(runs, c, metric).values()]
+    return max(ends) if ends else None
 
 
 def per_seed(series: Mapping[str, Series], readout: Callable[[Series], T | None]) -> dict[str, T]:

@@ -4,7 +4,8 @@ Each function returns a ``FigureResult``; a figure whose metric no condition log
 carries the note that says so ("Figure 6 skipped (A): no runs with actor/kl_loss for conditions ...").
 Every condition that logged the metric is drawn; the note's conditions that are missing are named.
 Curves: the seed mean per tick with its 95% interval as a band (``curves.aggregate``); one seed, the line
-alone. Bars: the seed mean with its 95% interval as a whisker. Captions name the seeds per condition.
+alone; drawn up to the read tick (``PairRuns.read_at``) but for the KL figure, which draws the whole run.
+Bars: the seed mean with its 95% interval as a whisker. Captions name the seeds per condition.
 """
 
 from __future__ import annotations
@@ -27,12 +28,19 @@ from commrl.report.tables import eval_scores
 
 TICK_LABEL = "tick (optimizer step)"
 DPI = 110
+RANGE_CAPTION = (
+    "With few seeds a Student t interval can reach past the metric's range (an accuracy or a KL below 0, a "
+    "cosine above 1): such an end means a wide interval, not a value the metric took."
+)
 BAND_CAPTION = (
     "Lines: the mean over seeds per tick; bands: its 95% confidence interval over the seeds that logged the "
     f"tick (Student t below {MIN_BOOTSTRAP_N} seeds, BCa bootstrap from {MIN_BOOTSTRAP_N}); a condition "
-    "with one seed is the line alone."
+    f"with one seed is the line alone. {RANGE_CAPTION}"
 )
-BAR_CAPTION = "Bars: the mean over seeds; whiskers: its 95% confidence interval (none with one seed)."
+BAR_CAPTION = (
+    "Bars: the mean over seeds; whiskers: its 95% confidence interval (Student t below "
+    f"{MIN_BOOTSTRAP_N} seeds, BCa bootstrap from {MIN_BOOTSTRAP_N}; none with one seed). {RANGE_CAPTION}"
+)
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,30 @@ def _missing_note(
     return [f"Figure {number} ({runs.pair}): no runs with {what} for {missing}; drawn without them"]
 
 
+def window_caption(read: int | None, last: int | None, whole_run: bool) -> str:
+    """What a curve figure draws of runs read at tick ``read`` whose last logged tick is ``last``: the
+    ticks up to the read tick, or (``whole_run``) every tick, past the read tick where a run goes on."""
+    if read is None or last is None:
+        return ""
+    if whole_run:
+        if last <= read:
+            return ""
+        return (
+            f"Every run is drawn to its last logged tick (up to tick {last}), past the read tick "
+            f"(tick {read}, dotted) at which the tables and claims read the runs."
+        )
+    after = f"; the ticks logged after it (to tick {last}) are not drawn" if last > read else ""
+    return f"Drawn up to the read tick (tick {read}, dotted){after}."
+
+
+def log_floor_caption(floor: float) -> str:
+    """The log panel's axis floor, where the band ends at or below 0 are drawn."""
+    return (
+        f"The log-scale panel starts at {floor:.3g} (half its smallest positive value); a band whose lower "
+        "end is at or below 0 is drawn down to that floor: a band reaching the floor includes 0."
+    )
+
+
 def _lines(
     runs: PairRuns,
     colours: dict[str, str],
@@ -135,20 +167,23 @@ def _lines(
     expected: Sequence[str],
     markers: bool = False,
     only: Sequence[str] | None = None,
+    whole_run: bool = False,
 ) -> FigureResult:
     """A figure of per-tick curves, one panel per metric, one line (and band) per condition (per condition
-    of ``only`` when given)."""
+    of ``only`` when given), on the ticks up to the read tick (every tick with ``whole_run``)."""
     file = file_name(number, slug, runs.pair)
     present = runs.conditions()
     conditions = order_conditions(present if only is None else present & set(only))
-    found = [cv.curves(runs, p.metric, conditions) for p in panels]
+    read = runs.read_at()
+    window = None if whole_run else read
+    found = [cv.curves(runs, p.metric, conditions, window) for p in panels]
     what = " or ".join(p.metric for p in panels)
     if not any(found):
         return _skipped(runs, file, number, title, caption, what, expected)
     notes = _missing_note(runs, number, what, expected, {c for f in found for c in f})
     fig = Figure(figsize=(5.5 * len(panels) + 1.5, 4.2), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    read = runs.read_at()
+    floors = []
     for ax, panel, panel_curves in zip(axes, panels, found, strict=True):
         floor = _log_floor(panel_curves) if panel.log and panel_curves else None
         for condition, curve in panel_curves.items():
@@ -165,12 +200,16 @@ def _lines(
         if floor is not None:
             ax.set_yscale("log")
             ax.set_ylim(bottom=floor)
+            floors.append(floor)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(f"{title} (pair {runs.pair})")
     _save(fig, out_dir / file)
     seeds = {c: max(f[c].seeds for f in found if c in f) for c in conditions if any(c in f for f in found)}
-    caption += f" {BAND_CAPTION} {seeds_caption(seeds)}"
+    ends = [cv.last_tick(runs, p.metric, list(seeds)) for p in panels]
+    last = max((e for e in ends if e is not None), default=None)
+    extra = [window_caption(read, last, whole_run), *(log_floor_caption(f) for f in floors), BAND_CAPTION]
+    caption = " ".join([caption, *(e for e in extra if e), seeds_caption(seeds)])
     return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
 
 
@@ -182,8 +221,8 @@ def score_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> Figu
         number=2,
         slug="score",
         title="Group score per tick",
-        caption="Mean verified accuracy of the sampled answers per tick (score/mean), every logged tick, no "
-        "smoothing. The note's Figure 2 (pair A: dense, method, anchor off) and Figure 10 (pair B).",
+        caption="Mean verified accuracy of the sampled answers per tick (score/mean), no smoothing. The "
+        "note's Figure 2 (pair A: dense, method, anchor off) and Figure 10 (pair B).",
         panels=[Panel("score/mean", "group score", "score (fraction correct)")],
         expected=("dense", "method", "anchor_off"),
     )
@@ -240,6 +279,7 @@ def kl_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureR
         "method, dropout, prf_mask to tick 150).",
         panels=[Panel("actor/kl_loss", "KL(pi_theta || pi_ref)", "KL (nats)")],
         expected=("dense", "method", "dropout", "prf_mask"),
+        whole_run=True,
     )
 
 
@@ -270,7 +310,9 @@ def clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> Figur
         slug="clip",
         title="PPO clipping inside the update",
         caption="Left: fraction of tokens at the clip boundary (actor/pg_clipfrac). Right: within-update "
-        "off-policy KL (actor/ppo_kl). The note's Figure 9 (the method's run).",
+        "off-policy KL (actor/ppo_kl). Both on the ticks the anchor did not fire (every tick of a run "
+        "without one): a fire's replay is the ratio-one dense update, where both are 0. The note's Figure 9 "
+        "(the method's run).",
         panels=[
             Panel("actor/pg_clipfrac", "pg_clipfrac", "fraction of tokens"),
             Panel("actor/ppo_kl", "ppo_kl", "KL (nats)"),
@@ -279,7 +321,37 @@ def clip_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> Figur
     )
 
 
+COSINE_RAW, COSINE_CORRECTED = "anchor/grad_cosine_raw", "anchor/grad_cosine_corrected"
+DIAGNOSTICS_CAPTION = (
+    "At the fire ticks that run it (method.grad_cosine_every: every fire, or the first at or after each "
+    "multiple of that many ticks): cosine of the fast circuit's update with the dense gradient on the same "
+    f"batch at the same weights, before ({COSINE_RAW}) and after ({COSINE_CORRECTED}) sign correction; at "
+    "each fire tick, the share of activation energy the bases keep (codec/energy_captured); on fast ticks, "
+    "the fraction of elements where sign(G_corr) = sign(M) (sign_memory/agreement: 1 by construction for "
+    "alpha <= 0.5, where the correction leaves no element against M's sign; above 0.5 it can be lower, and "
+    "at alpha = 1, no correction, it is the agreement of the codec's update itself). Not in the note "
+    "(docs/method.md §4)."
+)
+
+
+def uncorrected(runs: PairRuns, tick: int | None) -> bool:
+    """Whether every run that logged both cosines logged the same ones up to ``tick`` (all ticks when None):
+    no sign correction acted (alpha = 1, or no memory yet), so the two cosine panels are the same."""
+    both = [r.metrics for r in runs.train if COSINE_RAW in r.metrics and COSINE_CORRECTED in r.metrics]
+    cut = [(cv.until(m[COSINE_RAW], tick), cv.until(m[COSINE_CORRECTED], tick)) for m in both]
+    return bool(both) and all(
+        np.array_equal(raw.steps, corr.steps) and np.array_equal(raw.values, corr.values, equal_nan=True)
+        for raw, corr in cut
+    )
+
+
 def diagnostics_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
+    caption = DIAGNOSTICS_CAPTION
+    if uncorrected(runs, runs.read_at()):
+        caption += (
+            f" No sign correction in these runs ({COSINE_CORRECTED} equals {COSINE_RAW} in every run that "
+            "logged both): the two cosine panels are the same."
+        )
     return _lines(
         runs,
         colours,
@@ -287,16 +359,10 @@ def diagnostics_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -
         number=11,
         slug="diagnostics",
         title="The fast circuit's diagnostics",
-        caption="At the fire ticks that run it (method.grad_cosine_every: every fire, or the first at or "
-        "after each multiple of that many ticks): cosine of the fast circuit's update with the dense "
-        "gradient on the same batch at the same weights, before (anchor/grad_cosine_raw) and after "
-        "(anchor/grad_cosine_corrected) sign correction; at each fire tick, the share of activation energy "
-        "the bases keep (codec/energy_captured); on "
-        "fast ticks, the fraction of elements where sign(G_corr) = sign(M) (sign_memory/agreement; 1 for "
-        "every alpha < 0.5). Not in the note (docs/method.md §4).",
+        caption=caption,
         panels=[
-            Panel("anchor/grad_cosine_raw", "cosine, before sign correction", "cos(update, G_dense)"),
-            Panel("anchor/grad_cosine_corrected", "cosine, after sign correction", "cos(update, G_dense)"),
+            Panel(COSINE_RAW, "cosine, before sign correction", "cos(update, G_dense)"),
+            Panel(COSINE_CORRECTED, "cosine, after sign correction", "cos(update, G_dense)"),
             Panel("codec/energy_captured", "activation energy kept", "||AQ||^2 / ||A||^2"),
             Panel("sign_memory/agreement", "sign agreement with M", "fraction of elements"),
         ],
@@ -385,35 +451,43 @@ def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> 
     return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
 
 
+def ticks_label(ticks: Sequence[int]) -> str:
+    """``@ tick 40`` for one seed, ``@ ticks 0, 0, 40`` (one per seed, sorted) for more; a line ``(0 = base)``
+    under it when a seed's best is its tick-0 read, the base model's."""
+    ordered = sorted(ticks)
+    label = f"@ tick{'s' if len(ordered) > 1 else ''} {', '.join(str(t) for t in ordered)}"
+    return f"{label}\n(0 = base)" if 0 in ordered else label
+
+
 def best_validation_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> FigureResult:
-    """One bar per condition (its codec in the label): the seed mean of each seed's best val/acc, 95% CI
-    whisker, annotated with the ticks the seeds reached it at."""
+    """One bar per condition (its codec in the label): the seed mean of each seed's best val/acc over its
+    whole run, as the note's Figure 7 reads it, 95% CI whisker, labelled with the tick of each seed's best."""
     number, title = 7, "Best validation accuracy per codec"
+    read = runs.read_at()
+    table = f" (tick {read})" if read is not None else ""
     caption = (
-        "The best val/acc each seed reached up to the read tick, averaged over the seeds of each condition, "
-        f"and the tick(s) it was reached at. The note's Figure 7. {BAR_CAPTION}"
+        "The best val/acc each seed reached over its whole run (every validation, also after the read "
+        "tick), averaged over the seeds of each condition; the label gives the tick of each seed's best (0: "
+        "the base model's read). The table 'Best validation accuracy' and claim 11 read the best up to the "
+        f"read tick{table} instead. The note's Figure 7. {BAR_CAPTION}"
     )
     file = file_name(number, "best_val", runs.pair)
     expected = ("method", "prf_mask")
     conditions = order_conditions(runs.conditions())
-    read = cv.windowed(cv.best, runs.read_at())
-    best = {c: cv.per_seed(cv.seed_series(runs, c, "val/acc"), read) for c in conditions}
+    best = {c: cv.per_seed(cv.seed_series(runs, c, "val/acc"), cv.best) for c in conditions}
     found = {c: b for c, b in best.items() if b}
     if not found:
         return _skipped(runs, file, number, title, caption, "val/acc", expected)
     notes = _missing_note(runs, number, "val/acc", expected, set(found))
     codec = {r.condition: r.codec for r in runs.train}
     intervals = [mean_interval(v for _, v in b.values()) for b in found.values()]
-    ticks = [sorted({t for t, _ in b.values()}) for b in found.values()]
+    ticks = [[t for t, _ in b.values()] for b in found.values()]
     fig = Figure(figsize=(max(5.0, 1.6 * len(found) + 2), 4.4), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(found))
     mean, err = whiskers(intervals)
     bars = ax.bar(x, mean, 0.6, color=[colours[c] for c in found], yerr=err, capsize=3)
-    labels = [
-        f"{format_interval(i, '.3f')}\n@ tick {t[0] if len(t) == 1 else f'{t[0]}-{t[-1]}'}"
-        for i, t in zip(intervals, ticks, strict=True)
-    ]
+    labels = [f"{format_interval(i, '.3f')}\n{ticks_label(t)}" for i, t in zip(intervals, ticks, strict=True)]
     ax.bar_label(bars, labels, fontsize="x-small", padding=2)
     ax.set_xticks(x, [f"{c}\n({codec.get(c) or 'codec ?'})" for c in found])
     ax.set(ylabel="best validation accuracy (fraction)", xlabel="condition (codec)", ylim=(0, 1.15))

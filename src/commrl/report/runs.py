@@ -35,7 +35,9 @@ class ReportInputError(ValueError):
 # verl's trainer-vs-sampler read-outs, as both drivers log them every tick
 ROLLOUT_CORR_METRICS: tuple[str, ...] = LOGGED_METRICS
 FIRE = "anchor/fire"
-EFFECTIVE_FRAC = "actor/effective_token_frac"  # read on fast ticks only (``fast_ticks``)
+# read on fast ticks only (``on_fast_ticks``): a fire's dense replay is ratio one, so on a fire tick nothing
+# is clipped, every eligible token carries gradient and the within-update KL is 0
+FAST_TICK_METRICS: tuple[str, ...] = ("actor/effective_token_frac", "actor/pg_clipfrac", "actor/ppo_kl")
 TRAIN_METRICS: tuple[str, ...] = (
     "score/mean",
     "actor/kl_loss",
@@ -222,19 +224,23 @@ def _load_train(client, exp_id: str, pair: str, notes: list[str]) -> list[TrainR
     for train_run, logged in tqdm(kept, desc=f"metric histories ({pair})", unit="run", leave=False):
         wanted = [key for key in TRAIN_METRICS if key in logged]
         train_run.metrics = {key: _history(client, train_run.run_id, key) for key in wanted}
-        if FIRE in logged and EFFECTIVE_FRAC in train_run.metrics:
-            fire = _history(client, train_run.run_id, FIRE)
-            train_run.metrics[EFFECTIVE_FRAC] = fast_ticks(train_run.metrics[EFFECTIVE_FRAC], fire)
+        if FIRE in logged and any(key in train_run.metrics for key in FAST_TICK_METRICS):
+            train_run.metrics = on_fast_ticks(train_run.metrics, _history(client, train_run.run_id, FIRE))
     return [train_run for train_run, _ in kept]
 
 
 def fast_ticks(series: Series, fire: Series) -> Series:
-    """``series`` on the ticks the anchor did not fire (``anchor/fire`` = 0). The report reads
-    ``actor/effective_token_frac`` there: a fire's replay is the ratio-one dense update, which nothing clips,
-    so averaging it in would hide what the compressed circuit's clip drops."""
+    """``series`` on the ticks the anchor did not fire (``anchor/fire`` = 0)."""
     fired = set(fire.steps[fire.values > 0].tolist())
     keep = np.array([step not in fired for step in series.steps], dtype=bool)
     return Series(series.steps[keep], series.values[keep])
+
+
+def on_fast_ticks(metrics: dict[str, Series], fire: Series) -> dict[str, Series]:
+    """``metrics`` with each of ``FAST_TICK_METRICS`` on its fast ticks (``fast_ticks``): a fire's replay is
+    the ratio-one dense update, which nothing clips, so its ticks would hide what the compressed circuit's
+    clip drops (and draw a sawtooth of zeros into the clip figure)."""
+    return {k: fast_ticks(s, fire) if k in FAST_TICK_METRICS else s for k, s in metrics.items()}
 
 
 def _history(client, run_id: str, key: str) -> Series:
