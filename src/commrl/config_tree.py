@@ -20,6 +20,7 @@ from typing import Any
 from commrl.errors import ConfigError
 
 DRIVERS = {"local": "commrl train", "verl": "commrl verl-train"}  # driver -> its command
+DRIVER_TREES = {"local": "train", "verl": "verl"}  # driver -> its config tree
 TREE_ENVS = {"train": "COMMRL_TRAIN_CONFIGS", "verl": "COMMRL_VERL_CONFIGS"}  # tree -> its env override
 CONDITION_GROUP = "condition"
 REPO = Path(__file__).resolve().parents[2]

@@ -249,10 +249,10 @@ def fill_store(uri: str) -> None:
 def fill_sweep_as_commrl_sweep_logs_it(client, exp_id: str) -> None:
     """``commrl.sweep``'s convention: ``read_at`` a param of the parent, searched values in tags
     ``optuna.params.<name>``, the objective ``val/acc`` at ``read_at`` (no ``objective`` metric), the
-    training seed in tag ``seed``; trials 1 and 2 tie."""
+    training seed in tag ``seed``; trials 1 and 2 tie, and trial 2 started first (a retry's order)."""
     sweep = client.create_run(exp_id, run_name="sweep/A-study", tags={"kind": "sweep"})
     client.log_param(sweep.info.run_id, "read_at", 50)
-    for number, (rank, val_at_50) in enumerate(((8, 0.61), (32, 0.66), (16, 0.66))):
+    for number, (rank, val_at_50) in ((0, (8, 0.61)), (2, (16, 0.66)), (1, (32, 0.66))):
         trial = client.create_run(
             exp_id,
             run_name=f"A/A-study/trial{number:04d}",

@@ -105,7 +105,7 @@ def test_window_caption():
     assert only_read == "Drawn up to the read tick (tick 100, dotted)."
 
 
-def test_figure_11_says_when_no_sign_correction_acted(monkeypatch, tmp_path):
+def test_the_diagnostics_figure_says_when_no_sign_correction_acted(monkeypatch, tmp_path):
     """alpha = 1: the corrected cosine is the raw one in every run, and the caption says the two panels are
     the same; its sign-agreement statement holds for every alpha."""
     same, fig = draw(monkeypatch, tmp_path, fg.diagnostics_figure, pair())
@@ -198,3 +198,26 @@ def test_curve_and_bar_captions_warn_that_a_band_can_leave_the_metrics_range(mon
     for result in (curve, bars):
         assert fg.RANGE_CAPTION in result.caption
     assert "can reach past the metric's range" in fg.RANGE_CAPTION
+
+
+def test_the_reports_own_figures_do_not_reuse_a_number_of_the_notes(monkeypatch, tmp_path):
+    """A figure that reproduces one of the note's (Figures 1-11) says so in its caption and has its number;
+    the report's own figures are numbered after the note's last."""
+    runs = pair()
+    numbers = []
+    for figure in fg.FIGURES:
+        result = figure(runs, condition_colours(runs.conditions()), tmp_path)
+        numbers.append(result.number)
+        if f"The note's Figure {result.number}" not in result.caption:
+            assert result.number > 11, (result.file, result.number)
+    assert len(numbers) == len(set(numbers))
+
+
+def test_a_caption_names_the_panels_with_fewer_seeds(monkeypatch, tmp_path):
+    """One method seed lacks the sign-agreement metric: the caption gives n=3 and names the panel with 2."""
+    runs = pair()
+    del runs.train[-1].metrics["sign_memory/agreement"]
+    result, _ = draw(monkeypatch, tmp_path, fg.diagnostics_figure, runs)
+    assert "Seeds: method n=3 (n=2 in 'sign agreement with M')." in result.caption
+    full, _ = draw(monkeypatch, tmp_path, fg.diagnostics_figure, pair())
+    assert "Seeds: method n=3." in full.caption

@@ -43,7 +43,7 @@ BAD = [
     (
         "space.cadence",
         {"type": "int", "low": 1, "high": 20},
-        "space.cadence.low=1 is out of range for condition method: at K = 1 the anchor fires every tick",
+        "space.cadence.low=1 is out of range for condition method: its anchor is on, and at K = 1",
     ),
     ("space.rank", {"type": "int", "low": 4, "high": 32, "log": True, "step": 2}, "step and log cannot"),
     ("space.rank", {"type": "int", "low": 4, "hi": 32}, "space.rank: unknown key(s) hi"),
@@ -222,3 +222,19 @@ def test_local_trials_are_composed_at_the_space_corners(env, sweep_dict, write_c
     assert main(["sweep", "init", "--config", str(write_config(raw))]) == 2
     err = capsys.readouterr().err
     assert "space (all highs)" in err and "rank" in err and "hidden_size=16" in err
+
+
+@pytest.mark.parametrize("condition", ["no_projection", "method_async", "anchor_only"])
+def test_a_search_of_any_anchored_condition_refuses_cadence_1(sweep_dict, condition):
+    raw = copy.deepcopy(sweep_dict)
+    raw["condition"] = condition
+    raw["space"]["cadence"]["low"] = 1
+    with pytest.raises(ConfigError, match=f"out of range for condition {condition}: its anchor is on"):
+        SweepConfig.from_dict(raw)
+
+
+def test_a_search_without_the_anchor_may_reach_cadence_1(sweep_dict):
+    raw = copy.deepcopy(sweep_dict)
+    raw["condition"] = "anchor_off"  # configs/condition/anchor_off.yaml: method.anchor false
+    raw["space"]["cadence"]["low"] = 1
+    assert SweepConfig.from_dict(raw).space["cadence"].low == 1

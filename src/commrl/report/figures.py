@@ -11,7 +11,7 @@ Bars: the seed mean with its 95% interval as a whisker. Captions name the seeds 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,9 +105,15 @@ def _log_floor(panel_curves: dict[str, cv.Curve]) -> float | None:
     return float(positive.min()) / 2 if len(positive) else None
 
 
-def seeds_caption(seeds: dict[str, int]) -> str:
-    """``Seeds: dense n=3, method n=1.``"""
-    return "Seeds: " + ", ".join(f"{c} n={n}" for c, n in seeds.items()) + "."
+def seeds_caption(seeds: Mapping[str, int], parts: Mapping[str, Mapping[str, int]] | None = None) -> str:
+    """``Seeds: dense n=3, method n=3 (n=1 in 'sign agreement').``: each condition's seed count and, where a
+    figure has parts (panels, benchmarks) with fewer seeds of it than ``seeds`` says, those parts."""
+    text = []
+    for condition, n in seeds.items():
+        counts = {name: part[condition] for name, part in (parts or {}).items() if condition in part}
+        fewer = [f"n={k} in '{name}'" for name, k in counts.items() if k < n]
+        text.append(f"{condition} n={n}" + (f" ({', '.join(fewer)})" if fewer else ""))
+    return "Seeds: " + ", ".join(text) + "."
 
 
 def _no_data(ax: Axes) -> None:
@@ -206,10 +212,11 @@ def _lines(
     fig.suptitle(f"{title} (pair {runs.pair})")
     _save(fig, out_dir / file)
     seeds = {c: max(f[c].seeds for f in found if c in f) for c in conditions if any(c in f for f in found)}
+    per_panel = {p.title: {c: f[c].seeds for c in f} for p, f in zip(panels, found, strict=True)}
     ends = [cv.last_tick(runs, p.metric, list(seeds)) for p in panels]
     last = max((e for e in ends if e is not None), default=None)
     extra = [window_caption(read, last, whole_run), *(log_floor_caption(f) for f in floors), BAND_CAPTION]
-    caption = " ".join([caption, *(e for e in extra if e), seeds_caption(seeds)])
+    caption = " ".join([caption, *(e for e in extra if e), seeds_caption(seeds, per_panel)])
     return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
 
 
@@ -356,7 +363,7 @@ def diagnostics_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -
         runs,
         colours,
         out_dir,
-        number=11,
+        number=15,  # the report's own: the note's Figure 11 is pair B's per-benchmark accuracy (Figure 4)
         slug="diagnostics",
         title="The fast circuit's diagnostics",
         caption=caption,
@@ -428,6 +435,7 @@ def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> 
     x = np.arange(len(scores))
     width = 0.8 / len(conditions)
     seeds = {}
+    per_benchmark = {benchmark_label(b): {c: len(v) for c, v in per.items()} for b, per in scores.items()}
     for i, condition in enumerate(conditions):
         per = [scores[b].get(condition, []) for b in scores]
         mean, err = whiskers([mean_interval(v) if v else None for v in per])
@@ -447,7 +455,7 @@ def benchmark_figure(runs: PairRuns, colours: dict[str, str], out_dir: Path) -> 
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"{title} (pair {runs.pair})")
     _save(fig, out_dir / file)
-    caption += f" {seeds_caption(seeds)}"
+    caption += f" {seeds_caption(seeds, per_benchmark)}"
     return FigureResult(file, runs.pair, number, title, caption, True, tuple(notes))
 
 

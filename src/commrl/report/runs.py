@@ -108,6 +108,7 @@ class Trial:
     params: dict[str, str]
     objective: float | None
     seed: str | None = None  # the training seed behind the objective (tag ``seed``)
+    number: int | None = None  # the Optuna trial number (tag ``optuna.trial``)
 
 
 @dataclass
@@ -305,4 +306,5 @@ def _trial(client, run, read_at: int | None) -> Trial:
         objective = at[-1] if at else None
     name = f"trial {tags['optuna.trial']}" if "optuna.trial" in tags else run.info.run_name or run.info.run_id
     state = tags.get("optuna.state", run.info.status)
-    return Trial(run.info.run_id, name, state, searched, objective, tags.get("seed"))
+    number = int(tags["optuna.trial"]) if tags.get("optuna.trial", "").isdigit() else None
+    return Trial(run.info.run_id, name, state, searched, objective, tags.get("seed"), number)

@@ -16,6 +16,7 @@ from commrl.report import curves as cv
 from commrl.report.runs import SWEEP_PARAMS, PairRuns, Series, Sweep
 from commrl.report.stats import Interval, mean_interval, ratio_interval
 from commrl.report.style import ASYNC_CONDITIONS, benchmark_label, order_benchmarks, order_conditions
+from commrl.sweep import best as sweep_best
 
 Cell = Interval | float | int | str | None
 KL_TICKS: tuple[int, ...] = (50, 100, 150)
@@ -335,13 +336,23 @@ def benchmark_table(runs: PairRuns) -> Table:
 
 
 def best_trial(sweep: Sweep):
-    """The finished trial with the best ``objective`` in the sweep's direction, on a tie the one that started
-    first (``sweep.trials`` is newest first); None when there is none."""
-    done = [t for t in sweep.trials if t.objective is not None and t.state in FINISHED_TRIAL_STATES]
-    if not done:
-        return None
-    pick = min if sweep.direction == "minimize" else max
-    return pick(reversed(done), key=lambda t: t.objective)
+    """The finished trial with the best ``objective`` in the sweep's direction, on a tie the lowest trial
+    number (``commrl.sweep.best``, the rule of the sweep's ``best_params.json``); None when there is none."""
+    return sweep_best.best_trial(_finished(sweep), _objective, _number(sweep), sweep.direction)
+
+
+def _finished(sweep: Sweep) -> list:
+    return [t for t in sweep.trials if t.state in FINISHED_TRIAL_STATES]
+
+
+def _objective(trial) -> float | None:
+    return trial.objective
+
+
+def _number(sweep: Sweep):
+    """A trial's Optuna number (tag ``optuna.trial``); without it, its place in start order."""
+    started = {id(t): i for i, t in enumerate(reversed(sweep.trials))}  # ``sweep.trials`` is newest first
+    return lambda t: t.number if t.number is not None else started[id(t)]
 
 
 def _ordered(params: dict[str, str]) -> list[tuple[str, str]]:
@@ -351,13 +362,9 @@ def _ordered(params: dict[str, str]) -> list[tuple[str, str]]:
 
 
 def tied_with(sweep: Sweep, best) -> list[str]:
-    """The other finished trials whose objective equals the best's exactly (the pick among them is the one
-    that started first, not a better value)."""
-    return [
-        t.name
-        for t in sweep.trials
-        if t is not best and t.state in FINISHED_TRIAL_STATES and t.objective == best.objective
-    ]
+    """The other finished trials whose objective equals the best's exactly (the pick among them is the
+    lowest number, not a better value)."""
+    return [t.name for t in sweep_best.tied_with(_finished(sweep), best, _objective)]
 
 
 def sweep_table(runs: PairRuns) -> Table | None:

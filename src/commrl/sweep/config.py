@@ -19,10 +19,11 @@ from typing import Any
 
 import yaml
 
+from commrl import config_tree
 from commrl.errors import ConfigError
 from commrl.sweep.space import RUN_AXES, GridSpace, SearchSpace, point_overrides
 
-DRIVERS = ("local", "verl")
+DRIVERS = tuple(config_tree.DRIVER_TREES)
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS: dict[str, dict[str, tuple[type, float]]] = {
     # name -> {option: (type, smallest allowed value)}
@@ -170,7 +171,7 @@ class SweepConfig:
             )
         space = GridSpace.from_dict(raw["grid"]) if grid else SearchSpace.from_dict(raw["space"])
         if not grid:
-            _check_cadence(space, raw["condition"])
+            _check_cadence(space, raw["condition"], raw["driver"])
         ints["n_trials"] = _grid_budget(raw, space) if grid else _int("n_trials", raw["n_trials"], 1)
         if grid and "seed" in raw and "seed" in space.names:
             raise ConfigError(
@@ -264,15 +265,25 @@ def _options(name: str, raw: Any, allowed: Sequence[str]) -> Mapping[str, Any]:
     return raw
 
 
-def _check_cadence(space: SearchSpace, condition: str) -> None:
-    """A search of ``method`` must not reach K = 1: the anchor then fires every tick, every update is the
-    dense replay and rank, alpha and beta have no effect (a grid may list cadence 1 as a dense control)."""
-    if condition != "method" or "cadence" not in space.names or space["cadence"].low >= 2:
+def _check_cadence(space: SearchSpace, condition: str, driver: str) -> None:
+    """A search over the cadence of a condition whose anchor is on must not reach K = 1: the anchor then
+    fires every tick, every update is the dense replay and rank, alpha and beta have no effect (a grid may
+    list cadence 1 as a dense control). The anchor flag is the condition file's (``configs/condition/``)."""
+    if "cadence" not in space.names or space["cadence"].low >= 2:
+        return
+    tree = config_tree.tree_dir(config_tree.DRIVER_TREES[driver])
+    path = config_tree.condition_dir(tree) / f"{condition}.yaml"
+    if not path.is_file():  # an unknown condition is named by the driver when the first trial starts
+        return
+    from commrl.compression.config import MethodConfig  # imports torch: only for a search that reaches K = 1
+
+    method = (yaml.safe_load(path.read_text()) or {}).get("method") or {}
+    if not method.get("anchor", MethodConfig.anchor):
         return
     raise ConfigError(
-        f"space.cadence.low={space['cadence'].low} is out of range for condition method: at K = 1 the "
-        "anchor fires every tick, so every update is the dense replay (dense training) and rank, alpha and "
-        "beta have no effect; set low >= 2"
+        f"space.cadence.low={space['cadence'].low} is out of range for condition {condition}: its anchor is "
+        "on, and at K = 1 the anchor fires every tick, so every update is the dense replay (dense training) "
+        "and rank, alpha and beta have no effect; set low >= 2"
     )
 
 

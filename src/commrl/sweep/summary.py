@@ -2,8 +2,9 @@
 
 Files (written into a staging folder that replaces ``out`` whole, so a reader never sees half of them):
 ``best_params.json`` (with ``n_seeds``: every trial trains once, at ``seed``, so the objective is one run's
-value; and ``best_ties``: every complete trial whose value equals the best exactly, ``best_trial`` among
-them: with more than one, the pick is arbitrary), ``trials.csv``, ``importances.json`` (fANOVA; ``null``
+value; and ``best_ties``: every complete trial whose value equals the best exactly, ``best_trial`` the
+lowest number among them, ``commrl.sweep.best``: with more than one, the pick says nothing of which is
+better), ``trials.csv``, ``importances.json`` (fANOVA; ``null``
 with the reason when there are too few complete trials), ``history.png``, ``intermediate.png``,
 ``parallel_coordinate.png``, ``slice.png``, ``importances.png`` (``optuna.visualization.matplotlib``: no
 plotly image export needed). All of them are logged to the study's MLflow parent run, under ``summary/``.
@@ -23,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 from commrl import tracking
 from commrl.run import record
 from commrl.staging import staged_dir
+from commrl.sweep.best import best_trial, tied_with
 from commrl.sweep.budget import finished
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.storage import retry_history
@@ -139,7 +141,7 @@ def summarize(cfg: SweepConfig, study_name: str, out: str | Path) -> dict[str, A
     names = cfg.space.names
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    best = max(complete, key=lambda t: t.value) if complete else None  # the lowest number among ties
+    best = best_trial(complete, lambda t: t.value, lambda t: t.number)  # val/acc: maximised
     counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
     best_info: dict[str, Any] = {
         "study": study_name,
@@ -153,7 +155,9 @@ def summarize(cfg: SweepConfig, study_name: str, out: str | Path) -> dict[str, A
         "best_params": best.params if best else None,
         "best_trial": best.number if best else None,
         "best_mlflow_run_id": trial_row(best, names)["mlflow_run_id"] if best else None,
-        "best_ties": [t.number for t in complete if t.value == best.value] if best else [],
+        "best_ties": sorted([best.number, *(t.number for t in tied_with(complete, best, lambda t: t.value))])
+        if best
+        else [],
         "n_seeds": 1,  # a search trains every trial once, at `seed`: the objective is one run's val/acc
         "seed": cfg.seed,
         "defaults": cfg.defaults,
