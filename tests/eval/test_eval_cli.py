@@ -44,6 +44,9 @@ def _fails(capsys, argv: str) -> str:
 def test_missing_dataset_is_a_clear_error_before_the_model_loads(tmp_path, tiny_model_dir, capsys):
     out = tmp_path / "aime.json"
     err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark commrl_aime24 --out {out}")
+    assert "no pair for benchmark(s) commrl_aime24: the response budget" in err  # not tiny's 24 tokens
+    assert "pass --pair (A, B, ...) or the training run (--summary or --run-id)" in err
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark commrl_aime24 --out {out} --pair A")
     assert "error: benchmark commrl_aime24: cannot load hub dataset 'Maxwell-Jia/AIME_2024'" in err
     assert "--data PATH" in err and "HF_HUB_OFFLINE=1" in err
     assert not out.exists() and not list(tmp_path.iterdir())
@@ -81,9 +84,9 @@ def test_unknown_training_run_and_builtin_without_cache(
     )
     err = _fails(capsys, f"{argv} --run-id 0123456789abcdef")
     assert "training run '0123456789abcdef' is not in the MLflow store" in err
-    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem")
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem --pair A")
     assert "mmlu_stem: cannot load hub dataset 'cais/mmlu', config 'abstract_algebra'" in err
-    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem --data {toy_jsonl}")
+    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem --data {toy_jsonl} --pair A")
     assert "mmlu_stem is lm-eval's built-in task" in err
 
 

@@ -37,6 +37,13 @@ def test_missing_column_names_what_was_found_and_accepted():
         normalise([{"problem": "p", "answer": "1"}, {"problem": "q", "answer": ""}], "src")
 
 
+@pytest.mark.parametrize("answer", [float("nan"), None, [1, None], []])
+def test_a_nan_or_missing_gold_is_rejected_not_scored(answer):
+    """A float column's empty cell is NaN: scored, its gold "nan" would count the problem wrong."""
+    with pytest.raises(DatasetFormatError, match=r"src: row 1 has an empty 'answer'"):
+        normalise([{"problem": "p", "answer": 1.0}, {"problem": "q", "answer": answer}], "src")
+
+
 def test_prompt_column_wins_unless_a_template_is_given(tmp_path):
     bench = get_benchmark("toy_greedy")
     rows = [

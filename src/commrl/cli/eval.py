@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parent = parser.add_mutually_exclusive_group()
     parent.add_argument("--run-id", default=None, help="MLflow id of the training run to nest under")
     parent.add_argument("--summary", default=None, help="a training run's summary.json (its mlflow_run_id)")
-    add("--pair", default=None, help="settings of this pair (default: the run's pair tag, else tiny)")
+    add("--pair", default=None, help="settings of this pair (default: the run's pair tag; toy ones: tiny)")
     add("--limit", type=int, default=None, help="evaluate the first N problems only")
     add("--max-gen-toks", type=int, default=None, help="response budget (default: the pair's)")
     add(

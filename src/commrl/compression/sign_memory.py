@@ -24,7 +24,8 @@ def sign_agreement(G_corr: Tensor, M: Tensor) -> Tensor:
 
     ``agree = #{i : sign(G_corr_i) * sign(M_i) > 0}``, ``total = #{i : sign(G_corr_i) * sign(M_i) != 0}``,
     i.e. over the elements where both are non-zero; ``sign_memory/agreement = sum agree / sum total``.
-    For ``alpha < 0.5`` every such element agrees (``|alpha G| < (1 - alpha) |G|``), so the agreement is 1.
+    For ``alpha < 0.5`` every such element agrees (``|alpha G| < (1 - alpha) |G|``), so the agreement is 1;
+    at ``alpha = 0.5`` a disagreeing element of ``G_corr`` is 0 and leaves the count, so it is 1 as well.
     Returned as a float64 pair on ``G_corr``'s device, to be summed without a host synchronisation.
     """
     product = torch.sign(G_corr) * torch.sign(M)

@@ -61,7 +61,9 @@ class Benchmark:
     ``hub`` is the default source (None: a local jsonl must be given with ``--data``). ``builtin`` marks
     an lm-eval built-in task or group that is run as lm-eval ships it (its datasets are in ``hub_configs``).
     ``prompt_template`` renders a problem as the user message when the data has no ``prompt`` column
-    (multiple-choice prompts are built from the options instead).
+    (multiple-choice prompts are built from the options instead). ``pair``: the one pair whose settings it
+    is evaluated with when neither the caller nor the training run names a pair (the toy benchmarks: tiny);
+    None: the caller must name it (a paper benchmark under tiny's 24-token budget would score ~0).
     """
 
     name: str
@@ -72,6 +74,7 @@ class Benchmark:
     prompt_template: str = QWEN_MATH_TEMPLATE
     builtin: bool = False
     hub_configs: tuple[HubSource, ...] = ()
+    pair: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -136,9 +139,9 @@ BENCHMARKS: dict[str, Benchmark] = {
             builtin=True,
             hub_configs=tuple(_hub("cais/mmlu", "test", subject) for subject in MMLU_STEM_SUBJECTS),
         ),
-        Benchmark("toy_greedy", GREEDY, prompt_template=TOY_TEMPLATE),
-        _avg8("toy_avg8", None, prompt_template=TOY_TEMPLATE),
-        Benchmark("toy_mc", MC),
+        Benchmark("toy_greedy", GREEDY, prompt_template=TOY_TEMPLATE, pair="tiny"),
+        _avg8("toy_avg8", None, prompt_template=TOY_TEMPLATE, pair="tiny"),
+        Benchmark("toy_mc", MC, pair="tiny"),
     )
 }
 

@@ -13,6 +13,7 @@ after the model has loaded, so a missing dataset is reported here, naming it and
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,6 +115,13 @@ def answer_text(value: Any) -> str:
     return text
 
 
+def _missing(value: Any) -> bool:
+    """No answer: None, a NaN (a float column's empty cell), or a list with a missing element."""
+    if isinstance(value, list | tuple):
+        return not value or any(_missing(v) for v in value)
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def normalise(rows: Sequence[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     """``{"problem", "answer"}`` (+ ``prompt`` when the source has it) per row, in order."""
     if not rows:
@@ -133,7 +141,7 @@ def normalise(rows: Sequence[dict[str, Any]], source: str) -> list[dict[str, Any
         problem, answer = row.get(problem_col), row.get(answer_col)
         if not isinstance(problem, str) or not problem.strip():
             raise DatasetFormatError(f"{source}: row {index} has an empty {problem_col!r}")
-        text = answer_text(answer) if answer is not None else ""
+        text = "" if _missing(answer) else answer_text(answer)
         if not text:
             raise DatasetFormatError(f"{source}: row {index} has an empty {answer_col!r}")
         doc = {"problem": problem, "answer": text}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from commrl import tracking
 from commrl.errors import ConfigError
-from commrl.eval import mlflow_log
+from commrl.eval import mlflow_log, overlong
 from commrl.eval.atomic import write_lines_atomic, write_text_atomic
 from commrl.eval.benchmarks import MC, Benchmark, get_benchmark
 from commrl.eval.errors import EvalError, TrainingRunError
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
 BACKENDS = ("hf", "vllm")
-DEFAULT_PAIR = "tiny"
 SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234, "fewshot_random_seed": 1234}
 
 
@@ -93,17 +93,18 @@ def evaluate_checkpoint(
     """Evaluate ``checkpoint`` (an HF model directory) on ``benchmark``; the summary dict (also at ``out``).
 
     ``pair`` selects the evaluation settings (``commrl.eval.pairs``; default: the training run's ``pair``
-    tag, else ``tiny``); the keys of YAML file ``config``, then ``settings_overrides``, then
-    ``max_gen_toks`` (the response budget) override them. ``run_id`` is the training run to nest the MLflow
-    run under. ``data`` is a local problems file (else the benchmark's hub dataset); ``prompt_template``
-    (with ``{problem}``) replaces the data's ``prompt`` column. ``lm`` is an ``lm_eval.api.model.LM``
-    instance to evaluate instead of loading ``checkpoint`` with ``backend``, or a ``LoadedModel`` of
-    ``checkpoint`` (``evaluate_benchmarks``: recorded as its backend, as if this call had loaded it).
+    tag, else the benchmark's own pair: tiny for the toy benchmarks, none for the paper ones); the keys of
+    YAML file ``config``, then ``settings_overrides``, then ``max_gen_toks`` (the response budget) override
+    them. ``run_id`` is the training run to nest the MLflow run under. ``data`` is a local problems file
+    (else the benchmark's hub dataset); ``prompt_template`` (with ``{problem}``) replaces the data's
+    ``prompt`` column. ``lm`` is an ``lm_eval.api.model.LM`` instance to evaluate instead of loading
+    ``checkpoint`` with ``backend``, or a ``LoadedModel`` of ``checkpoint`` (``evaluate_benchmarks``:
+    recorded as its backend, as if this call had loaded it).
     """
     bench = get_benchmark(benchmark)
     ckpt = _checked_request(checkpoint, backend, limit, loads_model=lm is None)
     uri, parent, pair, settings = _resolved_settings(
-        pair, run_id, tracking_uri, log_to_mlflow, config, settings_overrides, max_gen_toks
+        [bench], pair, run_id, tracking_uri, log_to_mlflow, config, settings_overrides, max_gen_toks
     )
 
     start = time.time()
@@ -114,6 +115,13 @@ def evaluate_checkpoint(
         results, samples = _run_lm_eval(model, model_args, bench, task_manager, settings, limit, backend)
 
         metrics = extract_metrics(results, bench.name)
+        max_gen_toks = settings.max_gen_toks if bench.kind != MC else None
+        tokenizer = overlong.checkpoint_tokenizer(ckpt)
+        n_overlong = (
+            None
+            if tokenizer is None
+            else overlong.count_overlong(samples, tokenizer, settings.max_model_len, max_gen_toks)
+        )
         write_text_atomic(paths.results, json.dumps(results, indent=2, default=_jsonable, ensure_ascii=False))
         write_lines_atomic(paths.samples, _sample_lines(samples))
         backend_name = _backend_name(lm, backend)
@@ -128,7 +136,8 @@ def evaluate_checkpoint(
             "checkpoint": str(ckpt),
             "backend": backend_name,
             "pair": pair,
-            "max_gen_toks": settings.max_gen_toks if bench.kind != MC else None,
+            "max_gen_toks": max_gen_toks,
+            "overlong_prompts": n_overlong,
             "data_source": source,
             "results_path": str(paths.results) if out is not None else None,
             "samples_path": str(paths.samples) if out is not None else None,
@@ -139,6 +148,11 @@ def evaluate_checkpoint(
             "lm_eval_version": importlib.metadata.version("lm_eval"),
             "seconds": round(time.time() - start, 2),
         }
+        if n_overlong:
+            print(
+                overlong.warning(bench.name, n_overlong, summary["n_docs"], settings.max_model_len),
+                file=sys.stderr,
+            )
         if log_to_mlflow:
             artifacts = [paths.results, paths.samples] + ([] if bench.builtin else [paths.task_dir])
             mlflow_log.log_evaluation(
@@ -147,7 +161,10 @@ def evaluate_checkpoint(
                 checkpoint=str(ckpt),
                 backend=backend_name,
                 metrics=metrics,
-                params=run_params(bench, settings, model_args, results, backend_name, source, prompt, limit),
+                params={
+                    **run_params(bench, settings, model_args, results, backend_name, source, prompt, limit),
+                    "overlong_prompts": "unknown" if n_overlong is None else n_overlong,
+                },
                 summary=summary,
                 artifacts=artifacts,
                 tracking_uri=uri,
@@ -158,14 +175,26 @@ def evaluate_checkpoint(
     return summary
 
 
-def _resolve_pair(pair: str | None, parent: Run | None) -> str:
+def _resolve_pair(pair: str | None, parent: Run | None, benchmarks: list[Benchmark]) -> str:
+    """``pair``, else the training run's ``pair`` tag, else the benchmarks' own pair (tiny for the toy
+    ones); a paper benchmark with none of them is an error, not tiny's 24-token budget."""
     parent_pair = parent.data.tags.get("pair") if parent is not None else None
     if pair and parent_pair and pair != parent_pair:
         raise TrainingRunError(
             f"--pair {pair} does not match the training run's pair tag {parent_pair!r} "
             f"(run {parent.info.run_id}); drop --pair or fix --run-id"
         )
-    return pair or parent_pair or DEFAULT_PAIR
+    if pair or parent_pair:
+        return pair or parent_pair
+    own = {b.pair for b in benchmarks}
+    if len(own) == 1 and None not in own:
+        return own.pop()
+    names = [b.name for b in benchmarks if b.pair is None] or [b.name for b in benchmarks]
+    unpaired = ", ".join(names)
+    raise ConfigError(
+        f"no pair for benchmark(s) {unpaired}: the response budget, context length and dtype are a pair's; "
+        "pass --pair (A, B, ...) or the training run (--summary or --run-id)"
+    )
 
 
 def _prepare_task(
@@ -251,6 +280,7 @@ def evaluate_benchmarks(
     chosen = [get_benchmark(name) for name in benchmarks]
     ckpt = _checked_request(checkpoint, backend, options.get("limit"), loads_model=True)
     *_, settings = _resolved_settings(
+        chosen,
         options.get("pair"),
         options.get("run_id"),
         options.get("tracking_uri"),
@@ -273,6 +303,7 @@ def evaluate_benchmarks(
 
 
 def _resolved_settings(
+    benchmarks: list[Benchmark],
     pair: str | None,
     run_id: str | None,
     tracking_uri: str | None,
@@ -284,7 +315,7 @@ def _resolved_settings(
     """The tracking URI, the training run to nest under (if any), the pair and its evaluation settings."""
     uri = tracking_uri or tracking.default_tracking_uri()
     parent = mlflow_log.training_run(run_id, uri) if (run_id and log_to_mlflow) else None
-    pair = _resolve_pair(pair, parent)
+    pair = _resolve_pair(pair, parent, benchmarks)
     settings = pair_settings(pair, config, **{**(settings_overrides or {}), "max_gen_toks": max_gen_toks})
     return uri, parent, pair, settings
 
