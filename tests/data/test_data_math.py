@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from commrl.cli.main import main
 from commrl.data.files import sha256_file, write_dataset
-from commrl.data.math_datasets import ground_truth, normalize_problem, prepare_real
+from commrl.data.math_datasets import MATH500_HUB_ID, ground_truth, normalize_problem, prepare_real
 from commrl.data.schema import QWEN_MATH_TEMPLATE, DataError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
@@ -118,6 +119,8 @@ def test_deepscaler_json_array_and_custom_template(tmp_path: Path) -> None:
             "deepscaler",
             "--source",
             str(DEEPSCALER),
+            "--exclude",
+            str(MATH500),
             "--out",
             str(out),
             "--prompt-template",
@@ -134,7 +137,129 @@ def test_deepscaler_json_array_and_custom_template(tmp_path: Path) -> None:
     assert [r["extra_info"]["source_index"] for r in rows] == [0, 1, 2]
     m = json.loads((out / "manifest.json").read_text())
     assert m["rows_rejected"] == {"empty_problem": 1, "no_boxed_answer_in_solution": 1}
+    assert m["rows_removed_overlap"] == 0 and m["exclude"]["problems"] == 5
     assert m["prompt_template"] == template and m["data_source"] == "commrl/deepscaler"
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_deepscaler_loses_math500_problems_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pair B validates on MATH500, so DeepScaleR has MATH500 removed without any --exclude (as MATH has).
+    The hub is served by a stand-in for ``datasets.load_dataset`` reading rows this test writes."""
+    import datasets
+
+    m500 = write_jsonl(
+        tmp_path / "math500.jsonl",
+        [
+            {
+                "problem": "What is the value of $513^2 - 487^2$?",
+                "solution": "\\boxed{26000}",
+                "answer": "26000",
+            },
+            {"problem": "Compute $\\dbinom{5}{2}$.", "solution": "\\boxed{10}", "answer": "10"},
+        ],
+    )
+    calls = []
+
+    def hub(hub_id: str, config: str | None = None, *, split: str) -> datasets.Dataset:
+        calls.append((hub_id, config, split))
+        assert hub_id == MATH500_HUB_ID, f"only MATH500 comes from the hub here, not {hub_id}"
+        return datasets.Dataset.from_json(str(m500))
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    source = write_jsonl(
+        tmp_path / "deepscaler.jsonl",
+        [
+            {"problem": "what is the value of  $513^2 - 487^2$?", "answer": "26000", "solution": ""},
+            {"problem": "Compute 2+2.", "answer": "4", "solution": ""},
+        ],
+    )
+    prepared = prepare_real("deepscaler", source=str(source))
+    assert [r["extra_info"]["problem"] for r in prepared.splits["train"]] == ["Compute 2+2."]
+    m = prepared.manifest
+    assert (m["rows_in"], m["rows_out"], m["rows_removed_overlap"]) == (2, 1, 1)
+    assert m["exclude"]["source"] == MATH500_HUB_ID and m["exclude"]["problems"] == 2
+    assert calls == [(MATH500_HUB_ID, None, "test")]
+    out = tmp_path / "dsr"
+    assert prepare_cli("--dataset", "deepscaler", "--source", str(source), "--out", str(out)) == 0
+    assert "1 removed as MATH500 overlap" in capsys.readouterr().out
+    assert json.loads((out / "manifest.json").read_text())["rows_removed_overlap"] == 1
+
+
+NUMERIC_ANSWERS = [0.3, 123456789012345678, None, 2.0, 1e-5]
+NUMERIC_TRUTHS = ["0.3", "123456789012345678", "7", "2", "1e-05", "0.30", "1.00000000000000000001", "1e400"]
+
+
+def numeric_rows() -> list[dict]:
+    """Answers as JSON numbers: floats, an integer beyond 2**53 and a null among them (a float column)."""
+    return [
+        {"problem": f"Problem {i}.", "answer": a, "solution": "\\boxed{7}"}
+        for i, a in enumerate(NUMERIC_ANSWERS)
+    ]
+
+
+def test_local_json_numeric_answers_keep_their_text(tmp_path: Path) -> None:
+    """A JSON number reaches the ground truth as written: no float rounding (0.3 is not
+    0.30000000000000004, 123456789012345678 not 123456789012345680), no trailing digits lost."""
+    written = [
+        '{"problem": "Problem 5.", "answer": 0.30, "solution": ""}',
+        '{"problem": "Problem 6.", "answer": 1.00000000000000000001, "solution": ""}',
+        '{"problem": "Problem 7.", "answer": 1e400, "solution": ""}',
+    ]
+    lines = [json.dumps(r) for r in numeric_rows()] + written
+    jsonl = tmp_path / "dsr.jsonl"
+    jsonl.write_text("\n".join(lines) + "\n")
+    array = tmp_path / "dsr.json"
+    array.write_text("[" + ",\n".join(lines) + "]")
+    for source in (jsonl, array):
+        prepared = prepare_real("deepscaler", source=str(source), exclude=str(MATH500))
+        truths = [r["reward_model"]["ground_truth"] for r in prepared.splits["train"]]
+        assert truths == NUMERIC_TRUTHS, source
+
+
+def test_numbers_from_parquet_are_exact_or_rejected_by_row(tmp_path: Path) -> None:
+    """Parquet integers stay exact beside nulls; a float column's integer beyond 2**53 (which the float may
+    have rounded) is an error naming the row and column, never a silently wrong ground truth."""
+    ints = tmp_path / "ints.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "problem": ["A.", "B."],
+                "answer": pa.array([123456789012345678, None], pa.int64()),
+                "solution": ["", "\\boxed{3}"],
+            }
+        ),
+        ints,
+    )
+    prepared = prepare_real("deepscaler", source=str(ints), exclude=str(MATH500))
+    assert [r["reward_model"]["ground_truth"] for r in prepared.splits["train"]] == [
+        "123456789012345678",
+        "3",
+    ]
+    floats = tmp_path / "floats.parquet"
+    pq.write_table(
+        pa.table({"problem": ["A.", "B."], "answer": [0.5, 123456789012345678.0], "solution": ["", ""]}),
+        floats,
+    )
+    with pytest.raises(
+        DataError, match=r"row 1 \(0-based\), column 'answer'.*1\.2345678901234568e\+17.*as text"
+    ):
+        prepare_real("deepscaler", source=str(floats), exclude=str(MATH500))
+
+
+def test_bad_jsonl_line_names_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "A.", "answer": "1"}\n\n{"problem": "B.", "answer": 2,}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl, line 3: not valid JSON"):
+        prepare_real("deepscaler", source=str(bad), exclude=str(MATH500))
+    bad.write_text('{"problem": "A.", "answer": "1"}\n[1, 2]\n')
+    with pytest.raises(DataError, match=r"line 2: a list, not a JSON object"):
+        prepare_real("deepscaler", source=str(bad), exclude=str(MATH500))
 
 
 def test_parquet_source_reads_like_jsonl(tmp_path: Path) -> None:

@@ -165,7 +165,9 @@ def test_pretrain_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFi
     assert "commrl prepare" in capsys.readouterr().err
     dsr = tmp_path / "dsr"
     source = str(FIXTURES / "deepscaler" / "deepscaler.json")
-    assert main(["prepare", "--dataset", "deepscaler", "--source", source, "--out", str(dsr)]) == 0
+    exclude = str(FIXTURES / "math500" / "test.jsonl")
+    argv = ["prepare", "--dataset", "deepscaler", "--source", source, "--exclude", exclude, "--out", str(dsr)]
+    assert main(argv) == 0
     shutil.copy(dsr / "train.parquet", dsr / "validation.parquet")
     assert main(["pretrain", "--data", str(dsr), "--out", str(tmp_path / "m")]) == 2
     assert "row 2 has ground truth '\\\\frac{1}{4}', not an integer" in capsys.readouterr().err

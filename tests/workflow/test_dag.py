@@ -107,11 +107,12 @@ def test_paper_commands_follow_the_cli_contracts(paper: Result) -> None:
         "commrl verl-train --pair B --condition dense --seed 0 --out results/runs/B/dense/seed0",
         "--data-dir results/data --val-file results/data/math500/test.parquet",
     )
-    assert _has_command(
-        paper,
-        "commrl prepare --dataset math --source EleutherAI/hendrycks_math",
-        "--exclude results/data/math500/test.parquet",
-    )
+    for dataset in ("math --source EleutherAI/hendrycks_math", "deepscaler"):  # both decontaminated
+        assert _has_command(
+            paper, f"commrl prepare --dataset {dataset}", "--exclude results/data/math500/test.parquet"
+        )
+    deepscaler = re.search(r"^rule prepare_deepscaler:\n    input: (.*)$", paper.output, re.M)
+    assert deepscaler and deepscaler[1] == "results/data/math500/test.parquet"  # waits for MATH500's job
     math500 = "--benchmark commrl_math500", "--data commrl_math500=results/data/math500/test.jsonl"
     summary = "--summary results/runs/B/dense/seed0/summary.json"  # the model at the read tick comes from it
     assert _has_command(paper, "commrl eval", *math500, "--out-dir results/eval/B/dense/seed0", summary)

@@ -1,7 +1,7 @@
 """``commrl prepare``: one dataset (MATH, MATH500, DeepScaleR or the toy task) as verl parquet + manifest.
 
 Writes ``OUT/<split>.parquet``, ``OUT/<split>.jsonl`` for held-out splits and ``OUT/manifest.json``:
-``math`` -> train (MATH500 removed), ``math500`` -> test, ``deepscaler`` -> train,
+``math`` -> train (MATH500 removed), ``math500`` -> test, ``deepscaler`` -> train (MATH500 removed),
 ``toy`` -> train, validation, test.
 """
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--exclude",
         default=None,
         help="MATH500 source (hub id or path) whose problems are "
-        "removed; default for math: HuggingFaceH4/MATH-500",
+        "removed; default for math and deepscaler: HuggingFaceH4/MATH-500",
     )
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(

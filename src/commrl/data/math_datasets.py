@@ -2,8 +2,11 @@
 
 Ground truth is the ``answer`` column when the layout has one and the value is non-empty, else the last
 ``\\boxed{...}`` of ``solution`` (``commrl.data.boxed.last_boxed``). A row without a usable problem or
-answer is rejected and counted under its reason, never dropped silently. MATH train has every MATH500
-problem removed by normalised problem-text match (``normalize_problem``), counted in the manifest.
+answer is rejected and counted under its reason, never dropped silently. MATH train and DeepScaleR have
+every MATH500 problem removed by normalised problem-text match (``normalize_problem``), counted in the
+manifest (``rows_removed_overlap``): pair B trains on DeepScaleR and validates and is read on MATH500.
+Numbers reach the text as written (``as_text``); an integer that a binary float of the source may have
+rounded is an error naming the row.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pandas as pd
 from commrl.data.boxed import last_boxed
 from commrl.data.files import PreparedDataset
 from commrl.data.schema import QWEN_MATH_TEMPLATE, DataError, validate_template, verl_row
-from commrl.data.sources import is_local, load_rows
+from commrl.data.sources import JsonNumber, is_local, load_rows
 
 MATH_SUBJECTS = (
     "algebra",
@@ -33,6 +36,8 @@ MATH_SUBJECTS = (
     "precalculus",
 )
 MATH500_HUB_ID = "HuggingFaceH4/MATH-500"
+EXACT_FLOAT_INTEGERS = 2**53  # a binary float holds every integer below this exactly, not all above
+_ZERO_FRACTION = re.compile(r"(-?\d+)\.0+")
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ SPECS: dict[str, RealDatasetSpec] = {
         out_split="train",
         held_out=False,
         layouts=("agentica-org/DeepScaleR-Preview-Dataset: problem, answer, solution",),
+        default_exclude=MATH500_HUB_ID,
     ),
 }
 EXTRA_COLUMNS = {"level": "level", "type": "subject", "subject": "subject", "unique_id": "unique_id"}
@@ -99,13 +105,38 @@ def normalize_problem(text: str) -> str:
     return re.sub(r"\s+", "", unicodedata.normalize("NFKC", text)).casefold()
 
 
+class InexactNumberError(ValueError):
+    """A cell is a binary float too large to tell which integer the source meant."""
+
+
 def as_text(value: Any) -> str:
-    """A cell as stripped text: '' for None/NaN, integral floats without ``.0``."""
+    """A cell as stripped text: '' for None/NaN; a JSON number as written, integral ones without ``.0``.
+
+    A float (a parquet or hub column) is written in its shortest exact form; an integral one at or above
+    ``EXACT_FLOAT_INTEGERS`` raises ``InexactNumberError``, since the integer it stood for may be lost.
+    """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
+    if isinstance(value, JsonNumber):
+        match = _ZERO_FRACTION.fullmatch(value)
+        return match[1] if match else str(value)
     if isinstance(value, float) and value.is_integer():
+        if abs(value) >= EXACT_FLOAT_INTEGERS:
+            raise InexactNumberError(f"the binary float {value!r} may not be the integer in the source")
         return str(int(value))
     return str(value).strip()
+
+
+def row_text(raw: dict[str, Any], column: str, row: int, source: str) -> str:
+    """``as_text`` of ``raw[column]``; an inexact number is a ``DataError`` naming the column and row."""
+    try:
+        return as_text(raw.get(column))
+    except InexactNumberError as err:
+        raise DataError(
+            f"{source!r}, row {row} (0-based), column {column!r}: {err} (floats hold integers exactly only "
+            f"below 2**53). Store the {column!r} column as text, e.g. as JSON strings or a string column "
+            "in parquet, or as JSON numbers in a .json/.jsonl file (read exactly)"
+        ) from err
 
 
 def ground_truth(answer: str, solution: str) -> tuple[str | None, str | None]:
@@ -158,7 +189,8 @@ def prepare_real(
 ) -> PreparedDataset:
     """Load ``name`` (``math``, ``math500``, ``deepscaler``) from ``source`` and build its verl rows.
 
-    ``exclude`` (default: MATH500 for ``math``) is a MATH500 source whose problems are removed.
+    ``exclude`` (default: MATH500 for ``math`` and ``deepscaler``) is a MATH500 source whose problems are
+    removed.
     """
     if name not in SPECS:
         raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(SPECS)} (or toy)")
@@ -166,28 +198,29 @@ def prepare_real(
     validate_template(template)
     source = source or spec.default_source
     exclude = exclude or spec.default_exclude
-    excluded = load_exclusion(exclude) if exclude else set()
     configs = spec.configs_for(source)
     frame = load_rows(source, split=spec.source_split, hub_configs=configs)
     check_columns(frame, spec, source)
+    excluded = load_exclusion(exclude) if exclude else set()
 
     rejected: Counter[str] = Counter()
     overlap = 0
     rows: list[dict[str, Any]] = []
     extra_cols = {col: key for col, key in EXTRA_COLUMNS.items() if col in frame.columns}
     for source_index, raw in enumerate(frame.to_dict("records")):
-        problem = as_text(raw.get("problem"))
+        problem = row_text(raw, "problem", source_index, source)
         if not problem:
             rejected["empty_problem"] += 1
             continue
-        truth, reason = ground_truth(as_text(raw.get("answer")), as_text(raw.get("solution")))
+        answer, solution = (row_text(raw, col, source_index, source) for col in ("answer", "solution"))
+        truth, reason = ground_truth(answer, solution)
         if truth is None:
             rejected[reason or "no_answer"] += 1
             continue
         if normalize_problem(problem) in excluded:
             overlap += 1
             continue
-        extra = {key: as_text(raw.get(col)) for col, key in extra_cols.items()}
+        extra = {key: row_text(raw, col, source_index, source) for col, key in extra_cols.items()}
         rows.append(
             verl_row(
                 data_source=spec.data_source,

@@ -4,6 +4,11 @@
 them, searched recursively; in a folder, files whose path names the wanted split, e.g.
 ``algebra/train-00000-of-00001.parquet``, are preferred, so a hub snapshot works as it is). Otherwise it
 is a hub id, loaded with ``datasets.load_dataset`` (which also reads the local HF cache, offline too).
+
+Every frame holds Python objects (``dtype=object``), never columns converted to ``float64``: an integer
+stays an exact ``int`` next to floats or nulls, and a JSON number with a fraction or an exponent keeps the
+text written in the file (``JsonNumber``), so that an answer such as ``0.30`` or ``123456789012345678``
+reaches the ground truth as written.
 """
 
 from __future__ import annotations
@@ -12,13 +17,25 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from commrl.data.schema import DataError
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class JsonNumber(str):
+    """A JSON number with a fraction or an exponent, as the text written in the file (``0.30``, ``1e-5``):
+    parsing it as a binary float would change that text or round the value."""
+
+
+def object_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows as a frame of Python objects: no column is converted to a numeric dtype."""
+    return pd.DataFrame(records, dtype=object)
 
 
 def is_local(source: str) -> bool:
@@ -60,7 +77,7 @@ def load_hub(
                 f"hub dataset {hub_id!r} ({flag}) cannot give split {split!r}"
                 f"{'' if config is None else f' of config {config!r}'}: {err}"
             ) from err
-        frames.append(ds.to_pandas())
+        frames.append(object_frame(ds.to_list()))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -107,11 +124,11 @@ def read_file(path: Path) -> pd.DataFrame:
     """One ``.jsonl``, ``.json`` (a list of records, or an object holding one) or ``.parquet`` file."""
     try:
         if path.suffix == ".parquet":
-            return pd.read_parquet(path)
+            return object_frame(pq.read_table(path).to_pylist())
         if path.suffix == ".jsonl":
-            return pd.read_json(path, lines=True, dtype=False)
+            return object_frame(read_jsonl(path))
         if path.suffix == ".json":
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"), parse_float=JsonNumber)
             if isinstance(data, dict):
                 lists = [v for v in data.values() if isinstance(v, list)]
                 if len(lists) != 1:
@@ -119,9 +136,44 @@ def read_file(path: Path) -> pd.DataFrame:
                         f"{path}: a .json file must hold a list of records (or an object with one list)"
                     )
                 data = lists[0]
-            return pd.DataFrame.from_records(data)
+            return object_frame(check_records(data, path))
     except (ValueError, OSError) as err:
         if isinstance(err, DataError):
             raise
         raise DataError(f"cannot read {path}: {err}") from err
     raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(LOCAL_SUFFIXES)}")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``.jsonl`` file, one JSON object per non-blank line, numbers as written."""
+    records = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line, parse_float=JsonNumber)
+            except json.JSONDecodeError as err:
+                raise DataError(
+                    f"{path}, line {number}: not valid JSON ({err}); each line must be one JSON object"
+                ) from err
+            if not isinstance(record, dict):
+                raise DataError(
+                    f"{path}, line {number}: a {type(record).__name__}, not a JSON object; each line must "
+                    'be one record such as {"problem": ..., "answer": ...}'
+                )
+            records.append(record)
+    return records
+
+
+def check_records(data: Any, path: Path) -> list[dict[str, Any]]:
+    """``data`` when it is a list of JSON objects; else the error names the first bad record."""
+    if not isinstance(data, list):
+        raise DataError(f"{path}: a .json file must hold a list of records (or an object with one list)")
+    for number, record in enumerate(data):
+        if not isinstance(record, dict):
+            raise DataError(
+                f"{path}: record {number} of the list is a {type(record).__name__}, not a JSON object; "
+                'every record must be an object such as {"problem": ..., "answer": ...}'
+            )
+    return data
