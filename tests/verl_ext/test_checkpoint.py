@@ -72,7 +72,8 @@ def test_eval_evaluates_the_read_point_of_a_verl_run_not_its_last_tick(two_ticks
 
 
 def test_a_rerun_of_a_finished_run_trains_nothing(two_ticks, tmp_path, monkeypatch):
-    """verl's ``fit`` steps once after loading the last checkpoint; a complete run must not reach it."""
+    """verl's ``fit`` steps once after loading the last checkpoint; a complete run must not reach it (its
+    last validation is in the run: test_resume_validation covers one a kill lost)."""
     out = run_dir(two_ticks, tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):  # train() sets them for verl: restored afterwards
@@ -83,6 +84,8 @@ def test_a_rerun_of_a_finished_run_trains_nothing(two_ticks, tmp_path, monkeypat
 
     monkeypatch.setattr(verl_train, "run_verl", must_not_train)
     spec = spec_of(2, 2)
+    run_id, _ = record.open_run(verl_train.identity(spec, 2), out, uri)  # the first attempt's run
+    tracking.client(uri).log_metric(run_id, "val/acc", 0.5, step=2)
     cfg = vc.compose_verl_config(vc.run_overrides(spec, out, tmp_path / "data", tracking_uri=uri))
     assert verl_train.train(spec, cfg, out, uri, None, record.RunSpec()) == 0
     summary = RunSummary.read(out)

@@ -229,12 +229,12 @@ def test_the_verl_driver_rejects_a_local_only_condition_saying_why():
 
 def test_command_line_ticks_win_over_ticks_by_condition():
     """Defect 7: pair A's ticks_by_condition (dense 150) used to override `ticks=7` silently."""
-    assert vc.compose_run("A", "dense", 0, ["ticks=7"]).ticks == 7
-    assert vc.compose_run("A", "dense", 0, ["++ticks=7"]).ticks == 7
+    assert vc.compose_run("A", "dense", 0, ["ticks=7", "read_at=7"]).ticks == 7
+    assert vc.compose_run("A", "dense", 0, ["++ticks=7", "read_at=7"]).ticks == 7
     assert vc.compose_run("A", "dense", 0).ticks == 150
     assert vc.compose_run("A", "no_projection", 0).ticks == 100
     assert vc.compose_run("A", "dense", 0, ["ticks_by_condition.dense=120"]).ticks == 120
-    _, cfg = resolve("A", "method", commrl=["ticks=7"])
+    _, cfg = resolve("A", "method", commrl=["ticks=7", "read_at=7"])
     assert cfg.trainer.total_training_steps == 7
 
 

@@ -75,7 +75,9 @@ def test_the_step_logged_after_the_signal_is_saved_by_verl_and_stops_fit(
         logger.log({"critic/score/mean": 0.5}, step=5)  # the last step: fit ends as usual
 
 
-def test_a_resume_does_not_validate_the_step_it_loaded_again(tmp_path, monkeypatch):
+def test_a_resume_does_not_validate_a_step_that_was_not_due(tmp_path, monkeypatch):
+    """Step 4 (a preemption save; test_freq 25) had no validation: none before the resumed training
+    (test_resume_validation: a due step whose val/acc a kill lost is validated)."""
     import verl_cpu_harness as harness
 
     def loaded(self):
@@ -85,7 +87,7 @@ def test_a_resume_does_not_validate_the_step_it_loaded_again(tmp_path, monkeypat
     cfg = harness.paper_config(tmp_path / "model")
     OmegaConf.update(cfg, "trainer.default_local_dir", str(tmp_path))
     assert cfg.trainer.val_before_train
-    bare_trainer(cfg)._load_checkpoint()
+    bare_trainer(cfg, total_training_steps=150)._load_checkpoint()
     assert cfg.trainer.val_before_train is False
 
 

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     run_id = None if args.dry_run else record.recorded_run_id(out_dir, uri)
     overrides = vc.run_overrides(spec, out_dir, data_dir, args.val_file, uri, run_id, verl_overrides)
     cfg = vc.compose_verl_config(overrides)
-    vc.check_verl_config(cfg)
+    vc.check_verl_config(cfg, spec)
     missing = [f for f in (cfg.data.train_files, cfg.data.val_files) if not Path(f).exists()]
     if args.dry_run:
         print(vc.resolved_yaml(cfg), end="")
@@ -107,12 +107,14 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
     """verl's ``run_ppo`` with commrl's TaskRunner; then count ticks, export HF folders, write the summary.
 
     A rerun of a run whose checkpoints already reach the asked ticks trains nothing (verl's ``fit`` would
-    step once more after loading the last checkpoint): it only re-exports and rewrites the summary.
+    step once more after loading the last checkpoint): it only re-exports and rewrites the summary -- after
+    a validation-only pass of verl (``trainer.val_only``) when that checkpoint's validation was due but is
+    not in the MLflow run (a kill during it: verl saves a step before it validates and logs it).
     """
     from omegaconf import OmegaConf
 
     from commrl.verl_ext import config as vc
-    from commrl.verl_ext.checkpoint import latest_tick, summarize_run
+    from commrl.verl_ext.checkpoint import latest_tick, summarize_run, validation_missing
 
     ticks = int(cfg.trainer.total_training_steps)
     run_id, _ = record.open_run(identity(spec, ticks), out_dir, tracking_uri, placement, run_id)
@@ -122,10 +124,17 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
     error: BaseException | None = None
     checkpoints = Path(cfg.trainer.default_local_dir)
     done = latest_tick(checkpoints)
-    if done >= ticks:
-        print(f"commrl verl-train: {out_dir} already holds tick {done} of {ticks}; nothing to train")
-    else:
+    if done < ticks:
         error = run_verl(cfg)
+    elif validation_missing(done, int(cfg.trainer.test_freq), ticks, run_id, tracking_uri):
+        print(
+            f"commrl verl-train: {out_dir} already holds tick {done} of {ticks}, but MLflow run {run_id} has "
+            f"no val/acc at {done}; validating it (verl's trainer.val_only), nothing to train"
+        )
+        OmegaConf.update(cfg, "trainer.val_only", True)
+        error = run_verl(cfg)
+    else:
+        print(f"commrl verl-train: {out_dir} already holds tick {done} of {ticks}; nothing to train")
     stop = preempt.preempted_in(error)
     if stop is not None:  # checkpointed by verl: no export, no summary (the run is not done)
         record.mark_preempted(run_id, stop.tick, stop.signal_name, tracking_uri)

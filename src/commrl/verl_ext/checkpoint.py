@@ -20,6 +20,7 @@ from commrl.staging import staged_dir
 from commrl.verl_ext.config import VerlRun
 
 TRACKER = "latest_checkpointed_iteration.txt"
+VAL_ACC = "val/acc"  # what summary.json and the report read (trainer.method_metrics: from verl's val-core/*)
 
 
 def latest_tick(checkpoint_dir: Path) -> int:
@@ -31,6 +32,31 @@ def latest_tick(checkpoint_dir: Path) -> int:
     if not text.isdigit():
         raise ValueError(f"{tracker} holds {text!r}, not a tick number; the checkpoint folder is damaged")
     return int(text)
+
+
+def val_acc_history(run_id: str, tracking_uri: str | None = None) -> dict[int, float]:
+    """``val/acc`` by step of the MLflow run ``run_id``."""
+    history = tracking.client(tracking_uri).get_metric_history(run_id, VAL_ACC)
+    return {int(m.step): float(m.value) for m in history}
+
+
+def validation_due(step: int, test_freq: int, total_steps: int) -> bool:
+    """Whether verl's ``fit`` validates after step ``step``: ``trainer.test_freq > 0`` and ``step`` a
+    multiple of it, or the last step (``total_steps``)."""
+    return test_freq > 0 and (step >= total_steps or step % test_freq == 0)
+
+
+def validation_missing(
+    step: int, test_freq: int, total_steps: int, run_id: str | None, tracking_uri: str | None = None
+) -> bool:
+    """Whether step ``step``'s validation was due but the MLflow run ``run_id`` has no ``val/acc`` there.
+
+    verl saves a ``save_freq`` step before it validates and logs it, so a hard kill during that validation
+    leaves the checkpoint without its ``val/acc``. False without a run (nothing would record it).
+    """
+    if not run_id or not validation_due(step, test_freq, total_steps):
+        return False
+    return step not in val_acc_history(run_id, tracking_uri)
 
 
 def actor_checkpoint(checkpoint_dir: Path, tick: int) -> Path:
@@ -88,8 +114,7 @@ def summarize_run(
             export_hf(checkpoints, spec.read_at, out_dir / read_point_dir_name(spec.read_at))
     val_acc: dict[int, float] = {}
     if mlflow_run_id:
-        history = tracking.client(tracking_uri).get_metric_history(mlflow_run_id, "val/acc")
-        val_acc = {int(m.step): float(m.value) for m in history}
+        val_acc = val_acc_history(mlflow_run_id, tracking_uri)
     summary = RunSummary(
         pair=spec.pair,
         condition=spec.condition,

@@ -203,6 +203,11 @@ def run_from_dict(values: Mapping[str, Any], explicit_ticks: bool = False) -> Ve
     for name in ("ticks", "read_at", "val_every"):
         if getattr(run, name) < 1:
             raise ConfigError(f"{name}={getattr(run, name)} is invalid: must be an integer >= 1")
+    if run.read_at > run.ticks:
+        raise ConfigError(
+            f"read_at={run.read_at} is invalid: the run trains ticks={run.ticks}, so it never reaches its "
+            f"read point; set read_at <= {run.ticks} or ticks >= {run.read_at}"
+        )
     if not 0.0 <= run.attention_dropout < 1.0:
         raise ConfigError(f"model.attention_dropout={run.attention_dropout} is invalid: must be in [0, 1)")
     return run
@@ -413,11 +418,14 @@ def compose_verl_config(overrides: Sequence[str]):
         ) from err
 
 
-def check_verl_config(cfg) -> None:
-    """verl's own checks (``validate_config``, as ``main_ppo`` runs them), failures as ``ConfigError``."""
+def check_verl_config(cfg, run: VerlRun | None = None) -> None:
+    """verl's own checks (``validate_config``, as ``main_ppo`` runs them), failures as ``ConfigError``; with
+    ``run``, also that verl produces its read point (``check_read_point``)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    if run is not None:
+        check_read_point(run, cfg)
     check_rollout_correction(cfg)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints a verdict; stdout carries --dry-run's YAML
@@ -426,6 +434,38 @@ def check_verl_config(cfg) -> None:
             )
     except (AssertionError, ValueError, TypeError) as err:
         raise ConfigError(f"verl's config check failed: {err}") from err
+
+
+def check_read_point(run: VerlRun, cfg) -> None:
+    """verl logs ``val/acc`` and saves a checkpoint (the model read) at ``run.read_at``.
+
+    Read from verl's composed config, whose ``trainer.*`` a command line may override (scripts/gpu_smoke.sh
+    sets ``trainer.test_freq``): verl's ``fit`` validates every ``trainer.test_freq`` ticks and saves every
+    ``trainer.save_freq`` ticks, both also at the last tick (``trainer.total_training_steps``), none when
+    the frequency is <= 0.
+    """
+    trainer = cfg.trainer
+    read_at = run.read_at
+    ticks = run.ticks if trainer.total_training_steps is None else int(trainer.total_training_steps)
+    if read_at > ticks:
+        raise ConfigError(
+            f"read_at={read_at} is invalid: verl trains trainer.total_training_steps={ticks} ticks, so it "
+            f"never reaches its read point; set read_at <= {ticks} or ticks >= {read_at}"
+        )
+    test_freq, save_freq = int(trainer.test_freq), int(trainer.save_freq)
+    if test_freq <= 0 or (read_at != ticks and read_at % test_freq):
+        raise ConfigError(
+            f"read_at={read_at} is invalid with val_every (verl's trainer.test_freq)={test_freq}: verl "
+            f"validates every val_every ticks and at the last tick ({ticks}), so val/acc at the read point "
+            f"is never logged; set read_at to a multiple of val_every or to ticks, or val_every to a divisor "
+            f"of {read_at}"
+        )
+    if save_freq <= 0 or (read_at != ticks and read_at % save_freq):
+        raise ConfigError(
+            f"read_at={read_at} is invalid with trainer.save_freq={save_freq}: the read model exists only "
+            f"as verl's checkpoint, saved every save_freq ticks and at the last tick ({ticks}); set read_at "
+            f"to a multiple of trainer.save_freq or to ticks, or trainer.save_freq to a divisor of {read_at}"
+        )
 
 
 def check_rollout_correction(cfg):

@@ -38,8 +38,14 @@ ticks) keeps logging instead of losing its MLflow backend to MLflow's immutable 
 Preemption: ``CommrlTaskRunner`` watches SIGUSR1 and SIGTERM (``commrl.run.preempt``) in its own process.
 When one arrived, the trainer finishes the step it is in (verl logs it), saves it with verl's own
 ``_save_checkpoint`` (skipped when the step was a ``save_freq`` step) and raises ``preempt.Preempted`` out
-of ``fit``; ``commrl verl-train`` marks the MLflow run preempted and exits 75. A resume skips verl's
-``val_before_train`` (the resumed step's validation is logged already when it was due).
+of ``fit``; ``commrl verl-train`` marks the MLflow run preempted and exits 75.
+
+A resume at step n validates before its first step only when n's validation was due and the MLflow run
+has no ``val/acc`` at n (``checkpoint.validation_missing``): verl saves a ``save_freq`` step before it
+validates and logs it, so a hard kill (SIGTERM, OOM, a lost node) during that validation loses it. verl's
+``val_before_train`` then logs it at step n in the same run (verl's names, and ``val/acc``); otherwise a
+resume validates nothing (no second value at n). With ``trainer.val_only`` (``commrl verl-train`` on a run
+whose checkpoints reach its ticks) the loaded step is validated and ``fit`` returns without training.
 """
 
 from __future__ import annotations
@@ -59,13 +65,14 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.metric import reduce_metrics
 
+from commrl import tracking
 from commrl.compression.config import MethodConfig
 from commrl.errors import ConfigError
 from commrl.rl.config import HealthConfig
 from commrl.rl.health import CollapseMonitor
 from commrl.rl.mismatch import mismatch_metrics
 from commrl.run import preempt
-from commrl.verl_ext.checkpoint import latest_tick
+from commrl.verl_ext.checkpoint import latest_tick, validation_missing
 from commrl.verl_ext.config import METHOD_ENV, method_from_env
 from commrl.verl_ext.engine import (
     DENSE_REF_KEY,
@@ -152,7 +159,6 @@ def attach_mlflow(run_id: str, config: Mapping[str, Any] | None):
     import mlflow
     from verl.utils.tracking import _compute_mlflow_params_from_objects, _MlflowLoggingAdapter
 
-    from commrl import tracking
     from commrl.run.record import log_config
 
     uri = tracking.default_tracking_uri()
@@ -343,10 +349,23 @@ class CommrlPPOTrainer(RayPPOTrainer):
         out = super()._load_checkpoint()
         if self.global_steps > 0:
             self.checks.load(self._step_folder())
-            # a resume validates nothing before its first step: step n's validation, when it was due, is
-            # in the MLflow run already, and a second value at n would duplicate it
-            self.config.trainer.val_before_train = False
+            trainer = self.config.trainer
+            trainer.val_before_train = bool(trainer.get("val_only", False)) or self._validation_missing()
         return out
+
+    def _validation_missing(self) -> bool:
+        """Whether the loaded step's validation was due but is not in the MLflow run (``MLFLOW_RUN_ID``,
+        when verl logs to MLflow): a kill during that validation, after verl's save of the step."""
+        trainer = self.config.trainer
+        loggers = [trainer.logger] if isinstance(trainer.logger, str) else list(trainer.logger)
+        run_id = os.environ.get("MLFLOW_RUN_ID") if "mlflow" in loggers else None
+        step = self.global_steps
+        missing = validation_missing(
+            step, int(trainer.test_freq), self.total_training_steps, run_id, tracking.default_tracking_uri()
+        )
+        if missing:
+            print(f"commrl: MLflow run {run_id} has no val/acc at step {step}: validating it before training")
+        return missing
 
     def fit(self):
         with logging_method_names(after_log=self.stop_if_preempted):

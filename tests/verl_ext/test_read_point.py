@@ -1,0 +1,108 @@
+"""The verl driver rejects a read point it cannot produce (val/acc is logged and the read model saved only
+every trainer.test_freq / trainer.save_freq ticks and at the last tick); every shipped run still passes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from commrl import config_tree
+from commrl.cli.main import main
+from commrl.errors import ConfigError
+from commrl.verl_ext import config as vc
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def checked(pair: str, condition: str, commrl=(), verl=()):
+    """``commrl verl-train --dry-run``'s checks of the run: compose, then ``check_verl_config``."""
+    spec = vc.compose_run(pair, condition, 0, commrl)
+    overrides = vc.run_overrides(
+        spec, Path("/runs/x"), Path("/data"), tracking_uri="sqlite:///m.db", extra=verl
+    )
+    cfg = vc.compose_verl_config(overrides)
+    vc.check_verl_config(cfg, spec)
+    return spec, cfg
+
+
+@pytest.mark.parametrize(
+    ("pair", "commrl", "verl", "message"),
+    [
+        ("B", ["ticks=40"], [], "read_at=50 is invalid: the run trains ticks=40"),
+        ("A", ["ticks=120", "read_at=130"], [], "read_at=130 is invalid: the run trains ticks=120"),
+        ("A", ["read_at=60"], [], "read_at=60 is invalid with val_every (verl's trainer.test_freq)=25"),
+        ("A", ["val_every=30"], [], "read_at=100 is invalid with val_every (verl's trainer.test_freq)=30"),
+        (
+            "A",
+            [],
+            ["trainer.test_freq=0"],
+            "read_at=100 is invalid with val_every (verl's trainer.test_freq)=0",
+        ),
+        ("A", [], ["trainer.save_freq=40"], "read_at=100 is invalid with trainer.save_freq=40"),
+        ("A", [], ["trainer.save_freq=-1"], "read_at=100 is invalid with trainer.save_freq=-1"),
+        (
+            "A",
+            [],
+            ["trainer.total_training_steps=80"],
+            "read_at=100 is invalid: verl trains trainer.total_training_steps=80 ticks",
+        ),
+    ],
+)
+def test_a_read_point_verl_cannot_produce_is_rejected(pair, commrl, verl, message):
+    with pytest.raises(ConfigError, match="^" + re.escape(message)) as err:
+        checked(pair, "dense", commrl, verl)
+    assert "set " in str(err.value)  # the fix is named
+
+
+def test_the_read_point_may_be_the_last_tick_off_the_cadence():
+    """verl validates and saves the last tick whatever the cadence."""
+    spec, cfg = checked("A", "dense", ["ticks=90", "read_at=90"])
+    assert (spec.read_at, cfg.trainer.test_freq, cfg.trainer.save_freq) == (90, 25, 25)
+
+
+def test_the_gpu_smokes_verl_side_cadence_passes():
+    """scripts/gpu_smoke.sh sets verl's own trainer.* (4 ticks, test/save every 2) and read_at=2."""
+    smoke = ["trainer.total_training_steps=4", "trainer.test_freq=2", "trainer.save_freq=2"]
+    checked("A", "method", ["read_at=2"], smoke)
+    with pytest.raises(ConfigError, match="read_at=3 is invalid"):
+        checked("A", "method", ["read_at=3"], smoke)
+
+
+def test_verl_train_exits_2_naming_the_read_point(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COMMRL_RESULTS", str(tmp_path))
+    argv = ["verl-train", "--pair", "A", "--condition", "dense", "--out", str(tmp_path), "--dry-run"]
+    assert main([*argv, "read_at=60"]) == 2
+    assert "read_at=60 is invalid" in capsys.readouterr().err
+
+
+def shipped_runs() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(pair, condition, commrl overrides) of every run the shipped configs start: each condition the verl
+    driver runs on both pairs (the pair's ticks_by_condition), configs/pipeline/paper.yaml's runs with
+    their ticks, and the verl sweeps' trials (configs/sweep/paper_*.yaml)."""
+    runs = [
+        (pair, condition, ())
+        for pair in ("A", "B")
+        for condition in config_tree.known_conditions(REPO / "configs" / "verl", "verl")
+    ]
+    paper = yaml.safe_load((REPO / "configs" / "pipeline" / "paper.yaml").read_text())
+    for pair, spec in paper["pairs"].items():
+        for condition in spec["conditions"]:
+            ticks = (spec.get("ticks") or {}).get(condition)
+            runs.append((pair, condition, (f"ticks={ticks}",) if ticks else ()))
+    for path in sorted((REPO / "configs" / "sweep").glob("paper_*.yaml")):
+        sweep = yaml.safe_load(path.read_text())
+        assert sweep["driver"] == "verl", path
+        keys = ("ticks", "read_at", "val_every")
+        runs.append((sweep["pair"], sweep["condition"], tuple(f"{k}={sweep[k]}" for k in keys)))
+    return runs
+
+
+def test_every_shipped_run_passes_the_read_point_checks():
+    runs = shipped_runs()
+    assert {(p, c) for p, c, _ in runs} >= {("A", "method"), ("B", "dropout"), ("A", "dense")}
+    for pair, condition, commrl in runs:
+        spec, cfg = checked(pair, condition, commrl)
+        assert spec.read_at <= spec.ticks == cfg.trainer.total_training_steps, (pair, condition, commrl)
