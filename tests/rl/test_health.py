@@ -36,3 +36,19 @@ def test_correlation_drop_alarms_and_state_round_trips():
 def test_non_finite_loss_names_the_tick():
     with pytest.raises(NonFiniteLossError, match="tick 7"):
         check_finite(float("nan"), 7)
+
+
+def test_fire_ticks_clip_fraction_is_left_out():
+    """A method run's clip fraction rises linearly on its fast ticks; its fires (even ticks) log 0, the
+    ratio-one replay. Fed in, the zeros read as acceleration and raise a false alarm; they are left out."""
+    cfg = HealthConfig()
+    fired, fast_only = CollapseMonitor(cfg), CollapseMonitor(cfg)
+    alarms = []
+    for t in range(40):
+        fire = float(t % 2 == 0)
+        metrics = {"actor/pg_clipfrac": 0.0 if fire else 0.015 * t, "anchor/fire": fire}
+        alarms += fired.update(metrics)
+        if not fire:
+            fast_only.update(metrics)
+    assert not alarms
+    assert list(fired.clip) == list(fast_only.clip)

@@ -99,3 +99,19 @@ def test_verifier_child_is_killed_at_the_hard_deadline_and_replaced():
     assert time.monotonic() - start < 10 and verifier.proc is None
     assert verifier.verify("0.5", "\\frac{1}{2}", 5, 30.0) is True
     verifier.kill()
+
+
+@pytest.mark.parametrize(
+    "answer", ["93+73", "73 + 93", "100+66", "2 \\times 83", "332/2", "83\\cdot 2", "200 - 34", "2^{7}+38"]
+)
+def test_an_unevaluated_operation_is_no_integer_answer(answer):
+    """math-verify evaluates it (the toy prompt 93+73= echoed in a box would score 1); the reward does not."""
+    assert verify_answer("166", answer) or answer in ("2^{7}+38",)  # what math-verify alone would say
+    assert boxed_reward(f"\\boxed{{{answer}}}", "166") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "truth"), [("1,000", "1000"), ("-5", "-5"), ("+5", "5"), ("5^\\circ", "5")]
+)
+def test_numbers_written_as_numbers_still_score(answer, truth):
+    assert boxed_reward(f"\\boxed{{{answer}}}", truth) == 1.0

@@ -83,6 +83,13 @@ def test_a_condition_the_local_driver_cannot_run_is_rejected_with_the_reason(tmp
         ("+rl.lrr=3", "rl.lrr"),
         ("rl.prompts_per_tick=0", "rl.prompts_per_tick"),
         ("rl.mini_batches=3", "rl.prompts_per_tick"),  # 16 prompts do not split into 3 mini-batches
+        ("rl.micro_batch_size=48", "rl.micro_batch_size=48 must divide the mini-batch of 128"),
+        ("health.kl_slope=-1", "health.kl_slope"),  # an alarm on every tick
+        ("health.corr_drop=-5", "health.corr_drop"),
+        ("health.clipfrac_accel=-0.1", "health.clipfrac_accel"),
+        ("sampler.gpu_memory_utilization=7", "sampler.gpu_memory_utilization"),
+        ("threads=-2", "threads=-2 is out of range"),
+        ("rl.rollout_correction.loss_type=reinforce", "loss_type='reinforce' is invalid with rl.behaviour"),
     ],
 )
 def test_bad_values_name_the_field(override, field):

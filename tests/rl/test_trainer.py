@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -338,3 +339,91 @@ def test_the_same_seed_and_threads_give_the_same_numbers(tmp_path, toy_data, sma
     assert first == again
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
     assert first != other
+
+
+def test_pg_loss_is_the_mini_batch_loss_whatever_the_micro_batch_size(tmp_path, toy_data):
+    """Each micro-batch's loss is its share of the mini-batch's (verl's global token-mean), so the logged
+    ``actor/pg_loss`` sums them per mini-batch, as verl does (``AggregationType.SUM``): micro-batches of 4
+    and of 8 (a whole mini-batch) log the same value, on fire and fast ticks. The shipped base policy, which
+    earns rewards (a random one earns none: every advantage, and the loss, would be 0)."""
+    base = Path(__file__).resolve().parents[2] / "assets" / "tiny-base"
+    logged = {}
+    for micro in (4, 8):
+        out = tmp_path / f"micro{micro}"
+        extra = ("condition=method", "tracking.enabled=false", f"rl.micro_batch_size={micro}")
+        budget = ("sampler.max_new_tokens=24", "rl.ticks=2", "rl.read_at=2")  # room for \\boxed{123}
+        cfg = load_train_config([*overrides(base, toy_data, out, "", *extra), *budget])
+        LocalTrainer(cfg).train()
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        logged[micro] = [r["actor/pg_loss"] for r in rows if "actor/pg_loss" in r]
+    assert len(logged[4]) == 2 and abs(logged[8][1]) > 1e-3  # the fire at 0 (a ratio-one replay: ~0), tick 1
+    assert logged[4] == pytest.approx(logged[8], rel=1e-4, abs=1e-8)
+
+
+def test_a_kill_after_the_last_checkpoint_before_its_flush_loses_no_tick(tmp_path, toy_data, small_model):
+    """The last checkpoint holds the ticks it has not yet written (it is saved, then flushed): a rerun after a
+    kill between the two restores it, trains nothing and still writes them. Here MLflow got them and the
+    metrics table did not (a kill between their writes): the table gets its rows, MLflow no second value."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "run"
+    cfg = load_train_config(overrides(small_model, toy_data, out, uri, "condition=dense"))
+    first = LocalTrainer(cfg).train()
+    table = out / "metrics.jsonl"
+    rows = table.read_text().splitlines()
+    table.write_text("".join(line + "\n" for line in rows if json.loads(line)["step"] <= 2))
+    for done in (out / "summary.json", out / "final"):
+        subprocess.run(["rm", "-rf", str(done)], check=True)
+    again = LocalTrainer(cfg).train()
+    assert again.mlflow_run_id == first.mlflow_run_id and again.ticks_trained == 4
+    assert table.read_text().splitlines() == rows
+    history = tracking.client(uri).get_metric_history(first.mlflow_run_id, "score/mean")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]
+
+
+def test_an_error_mid_run_marks_the_mlflow_run_failed_and_paths_are_absolute(
+    tmp_path, toy_data, small_model, monkeypatch
+):
+    """Any exception (not only a non-finite loss) ends the MLflow run FAILED with the error, the ticks done
+    before it logged; a run started from another directory with a relative out_dir writes absolute paths."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
+    cfg = load_train_config(overrides(small_model, toy_data, "rel/run", uri, "condition=dense"))
+
+    class Failing(LocalTrainer):
+        def _tick(self, tick):
+            if tick == 2:
+                raise RuntimeError("disk full")
+            return super()._tick(tick)
+
+    trainer = Failing(cfg)
+    with pytest.raises(RuntimeError, match="disk full"):
+        trainer.train()
+    run = tracking.client(uri).get_run(trainer.run_id)
+    assert run.info.status == "FAILED" and run.data.tags["failure"] == "RuntimeError('disk full')"
+    assert _history(uri, trainer.run_id, "score/mean") == [1, 2]
+    summary = LocalTrainer(cfg).train()  # resumes from tick 2's checkpoint into the same run
+    assert summary.mlflow_run_id == trainer.run_id
+    monkeypatch.chdir(tmp_path.parent)
+    assert Path(summary.final).is_absolute() and Path(summary.final, "config.json").is_file()
+    assert summary.read == summary.final
+
+
+def test_val_acc_reads_the_weights_without_the_samplers_codec(tmp_path, toy_data):
+    """``sampler.codec: same``: ``val/acc`` is the live weights' greedy accuracy as in every condition (at
+    tick 0 the base model's, equal to the method's), and ``val/acc_sampler_codec`` the same through the
+    sampler's codec (the shipped base policy: it answers; through a rank-4 codec it does not)."""
+    base = Path(__file__).resolve().parents[2] / "assets" / "tiny-base"
+    rows = {}
+    for condition in ("method", "method_same_sampler"):
+        out = tmp_path / condition
+        extra = (f"condition={condition}", "tracking.enabled=false", "sampler.max_new_tokens=24")
+        cfg = load_train_config([*overrides(base, toy_data, out, "", *extra), "rl.ticks=2", "rl.read_at=2"])
+        LocalTrainer(cfg).train()
+        rows[condition] = {
+            r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        }
+    plain, same = rows["method"], rows["method_same_sampler"]
+    assert same[0]["val/acc"] == plain[0]["val/acc"] > 0.2  # the base model, as method.md reads tick 0
+    assert "val/acc_sampler_codec" not in plain[0]
+    assert [s for s in same if "val/acc_sampler_codec" in same[s]] == [0, 2]
+    assert same[0]["val/acc_sampler_codec"] < same[0]["val/acc"]

@@ -47,6 +47,28 @@ def test_a_rerun_reopens_the_run_and_refreshes_tags_a_lost_run_starts_anew(uri, 
     assert not resumed and new_id != run_id and record.written_run_id(tmp_path) == new_id
 
 
+def test_a_resume_deletes_a_failed_attempts_end_tags_and_keeps_the_preemption(uri, tmp_path):
+    """A run preempted, then failed, then stopped early and resumed once more ends with no failure or stop
+    tag of those attempts; the preemption stays on record (``preempted``: the tick, ``preempted_by``)."""
+    client = tracking.client(uri)
+    run_id, _ = record.open_run(IDENTITY, tmp_path, uri)
+    record.mark_preempted(run_id, 12, "SIGUSR1", uri)
+    assert record.open_run(IDENTITY, tmp_path, uri) == (run_id, True)
+    record.finish_run(run_id, "FAILED", {"failure": "boom"}, uri)
+    record.open_run(IDENTITY, tmp_path, uri)
+    assert "failure" not in client.get_run(run_id).data.tags
+    record.finish_run(run_id, "FINISHED", {"stopped_early": "pruned"}, uri)
+    record.open_run(IDENTITY, tmp_path, uri)
+    record.finish_run(run_id, "FINISHED", tracking_uri=uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and not set(record.ATTEMPT_TAGS) & set(run.data.tags)
+    assert (run.data.tags["preempted"], run.data.tags["preempted_by"], run.data.tags["pair"]) == (
+        "12",
+        "SIGUSR1",
+        "tiny",
+    )
+
+
 def test_a_store_that_does_not_answer_fails_the_resume_and_starts_no_second_run(uri, tmp_path, monkeypatch):
     """Only "no such run" starts a new run: a locked sqlite file or a tracking server that does not answer
     raises, the run-id file keeps the first run and the store gains no run. The store's error is injected

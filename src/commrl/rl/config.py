@@ -65,6 +65,7 @@ class SamplerConfig:
         _range("sampler.temperature", self.temperature, 0.0, None, lo_open=True)
         _range("sampler.max_new_tokens", self.max_new_tokens, 1, None)
         _range("sampler.kv_cache_gib", self.kv_cache_gib, 1, None)
+        _range("sampler.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
 
 
 @dataclass
@@ -100,6 +101,12 @@ class RLConfig:
                 f"{self.mini_batches}; each mini-batch takes whole groups"
             )
         _range("rl.micro_batch_size", self.micro_batch_size, 1, None)
+        per_mini = self.prompts_per_tick // self.mini_batches * self.group_size
+        if per_mini % self.micro_batch_size and self.micro_batch_size < per_mini:
+            raise ConfigError(
+                f"rl.micro_batch_size={self.micro_batch_size} must divide the mini-batch of {per_mini} "
+                "sequences (rl.prompts_per_tick / rl.mini_batches x rl.group_size), or be at least it"
+            )
         _range("rl.lr", self.lr, 0.0, None, lo_open=True)
         _range("rl.weight_decay", self.weight_decay, 0.0, None)
         _range("rl.grad_clip", self.grad_clip, 0.0, None, lo_open=True)
@@ -124,6 +131,12 @@ class RLConfig:
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"rl.betas={self.betas!r} is invalid: AdamW's 2 betas, each in [0, 1)")
         self.rollout_correction.validate()
+        if self.behaviour_logprobs == "trainer" and self.rollout_correction.loss_type != "ppo_clip":
+            raise ConfigError(
+                f"rl.rollout_correction.loss_type={self.rollout_correction.loss_type!r} is invalid with "
+                "rl.behaviour_logprobs=trainer: the loss type applies in bypass mode only (verl ignores it "
+                "otherwise); set rl.behaviour_logprobs=sampler or loss_type=ppo_clip"
+            )
 
 
 @dataclass
@@ -148,6 +161,9 @@ class HealthConfig:
 
     def validate(self) -> None:
         _range("health.window", self.window, 3, None)
+        _range("health.kl_slope", self.kl_slope, 0.0, None)
+        _range("health.clipfrac_accel", self.clipfrac_accel, 0.0, None)
+        _range("health.corr_drop", self.corr_drop, 0.0, None)
 
 
 @dataclass
@@ -192,6 +208,7 @@ class TrainConfig:
         if not self.pair:
             raise ConfigError("pair is empty; set pair=<name> (e.g. pair=tiny)")
         config_tree.check_driver(self.condition, self.unsupported_drivers, "local")
+        _range("threads", self.threads, 0, None)
         for part in (self.model, self.data, self.sampler, self.rl, self.checkpoint, self.health):
             part.validate()
         self.method_config()

@@ -63,6 +63,18 @@ def grpo_advantages(
     return advantages
 
 
+# a micro-batch's share of its mini-batch's loss (the loss is normalised by the whole mini-batch): verl tags
+# these AggregationType.SUM, so a mini-batch's value is the sum over its micro-batches
+SUMMED_METRICS: tuple[str, ...] = ("actor/pg_loss",)
+
+
+def add_mini_batch(acc: dict[str, list[float]], micro: dict[str, list[float]]) -> None:
+    """Append one mini-batch's micro-batch metrics to ``acc``: each of ``SUMMED_METRICS`` as its sum over the
+    micro-batches (verl's ``AggregationType.SUM``), the others value by value (``MEAN``, later)."""
+    for key, values in micro.items():
+        acc.setdefault(key, []).extend([float(sum(values))] if key in SUMMED_METRICS else values)
+
+
 def global_batch(response_mask: torch.Tensor) -> dict[str, int | None]:
     """verl's ``global_batch_info`` of one batch (``response_mask``; at least one token, so a mini-batch that
     rejection sampling emptied gives a zero loss, not NaN)."""

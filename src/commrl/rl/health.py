@@ -41,13 +41,17 @@ class CollapseMonitor:
         self._corr_first: list[float] = []
 
     def update(self, metrics: Mapping[str, float]) -> list[str]:
-        """Feed one tick's metrics; returns the reasons of an alarm (empty when healthy)."""
+        """Feed one tick's metrics; returns the reasons of an alarm (empty when healthy). A fire tick's clip
+        fraction is left out: the anchor's replay is ratio one, so its 0 says nothing of the trend."""
+        fire = metrics.get("anchor/fire") == 1.0
         for key, buf in (
             ("actor/kl_loss", self.kl),
-            ("actor/pg_clipfrac", self.clip),
+            ("actor/pg_clipfrac", None if fire else self.clip),
             ("mismatch/logprob_corr", self.corr),
         ):
             value = metrics.get(key)
+            if buf is None:
+                continue
             if value is not None and math.isfinite(value):
                 buf.append(float(value))
         if self.corr_reference is None and "mismatch/logprob_corr" in metrics:

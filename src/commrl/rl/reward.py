@@ -1,10 +1,12 @@
 """The verifiable reward: 1 when the last ``\\boxed{}`` of a response verifies against the ground truth.
 
 math-verify alone is lenient (it falls back to the last number of any text), so the answer is required
-in ``\\boxed{}``: a response whose last box is missing or cut off scores 0. Two readings on top of
+in ``\\boxed{}``: a response whose last box is missing or cut off scores 0. Three readings on top of
 math-verify: an answer or ground truth written in e-notation (``4.5e33``, as Minerva's are) is read as
-``4.5 \\times 10^{33}``, not with Euler's number; and at least three significant digits of a small ground
-truth count (math-verify's fixed decimals and chopping would take 2e-19 for 1e-19). ``compute_score`` has
+``4.5 \\times 10^{33}``, not with Euler's number; at least three significant digits of a small ground
+truth count (math-verify's fixed decimals and chopping would take 2e-19 for 1e-19); and an integer ground
+truth needs a number, not an unevaluated operation (math-verify computes ``\\boxed{93+73}`` to 166, so
+echoing the toy task's prompt ``93+73=`` in a box would score). ``compute_score`` has
 verl's custom reward signature, so the cluster driver uses the same function
 (``reward.custom_reward_function``).
 
@@ -29,6 +31,8 @@ from typing import Any
 from commrl.data.boxed import last_boxed
 
 _INTEGER = re.compile(r"[+-]?\d+")
+# an operation between two numbers: ``93+73``, ``7 \times 8``, ``2^{10}``
+_EXPRESSION = re.compile(r"\d\s*(?:[-+*/^×÷]|\\(?:times|cdot|div)\b)\s*[-+{(]?\s*\d")
 _E_NOTATION = re.compile(r"\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)[eE]([+-]?\d+)\s*")
 FLOAT_DECIMALS, NUMERIC_PRECISION = 6, 15  # math-verify's defaults (float_rounding, numeric_precision) ...
 SIGNIFICANT_DIGITS = 3  # ... with more digits where the ground truth is small, so that this many of it count
@@ -194,6 +198,8 @@ def boxed_reward(response: str, ground_truth: str) -> float:
     answer, truth = answer.strip(), str(ground_truth).strip()
     if answer == truth:
         return 1.0
+    if _INTEGER.fullmatch(truth) and _EXPRESSION.search(answer):  # an echoed question is no answer
+        return 0.0
     if _INTEGER.fullmatch(answer) and _INTEGER.fullmatch(truth):  # math-verify's verdict, ~1000x faster
         return float(int(answer) == int(truth))
     return 1.0 if verify_answer(truth, answer) else 0.0

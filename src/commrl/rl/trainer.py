@@ -109,7 +109,7 @@ class LocalTrainer:
         self.cfg = cfg
         self.run = run or RunSpec()
         self.callbacks = callbacks or TrainCallbacks()
-        self.out = cfg.out_path
+        self.out = cfg.out_path.resolve()  # the summary's paths hold from any working directory
         self.store = CheckpointStore(self.out / "checkpoints", keep=cfg.checkpoint.keep)
         self.pending: list[tuple[int, dict[str, float]]] = []
         self.val_acc: dict[int, float] = {}
@@ -167,12 +167,7 @@ class LocalTrainer:
                 f"rl.prompts_per_tick={cfg.rl.prompts_per_tick} exceeds the {len(self.train_set)} "
                 "training prompts"
             )
-        per_mini = cfg.rl.prompts_per_tick // cfg.rl.mini_batches * cfg.rl.group_size
-        if per_mini % cfg.rl.micro_batch_size and cfg.rl.micro_batch_size < per_mini:
-            raise ConfigError(
-                f"rl.micro_batch_size={cfg.rl.micro_batch_size} must divide the mini-batch of "
-                f"{per_mini} sequences"
-            )
+        per_mini = cfg.rl.prompts_per_tick // cfg.rl.mini_batches * cfg.rl.group_size  # RLConfig checks it
         self.micro = min(cfg.rl.micro_batch_size, per_mini)
         self.per_mini = per_mini
         self.actor_cfg = grpo.actor_config(cfg.rl, per_mini)
@@ -234,20 +229,27 @@ class LocalTrainer:
             self._send_pending()
 
     def _send_pending(self) -> None:
-        fresh = [(s, m) for s, m in self.pending if s > self._last_logged_step()]
-        if self.run_id and fresh:
-            logger = tracking.MetricLogger(self.run_id, self.tracking_uri, flush_every=10**9)
-            for step, metrics in fresh:
-                logger.log(step, metrics)
-            logger.flush()
-        self._append_metrics_table(fresh)
+        """MLflow and the metrics table each get the pending ticks they lack (a kill between the two writes
+        leaves one behind the other)."""
+        if self.run_id:
+            logged = self._last_mlflow_step()
+            fresh = [(s, m) for s, m in self.pending if s > logged]
+            if fresh:
+                logger = tracking.MetricLogger(self.run_id, self.tracking_uri, flush_every=10**9)
+                for step, metrics in fresh:
+                    logger.log(step, metrics)
+                logger.flush()
+        tabled = self._last_table_step()
+        self._append_metrics_table([(s, m) for s, m in self.pending if s > tabled])
         self.pending = []
 
-    def _last_logged_step(self) -> int:
-        """The newest tick already recorded (in MLflow, else in the metrics table); -1 for none."""
-        if self.run_id:
-            history = tracking.client(self.tracking_uri).get_metric_history(self.run_id, SENTINEL_METRIC)
-            return max((m.step for m in history), default=-1)
+    def _last_mlflow_step(self) -> int:
+        """The newest tick the MLflow run has; -1 for none."""
+        history = tracking.client(self.tracking_uri).get_metric_history(self.run_id, SENTINEL_METRIC)
+        return max((m.step for m in history), default=-1)
+
+    def _last_table_step(self) -> int:
+        """The newest tick in the metrics table (``metrics.jsonl``); -1 for none."""
         table = self.out / "metrics.jsonl"
         if not table.is_file():
             return -1
@@ -357,7 +359,7 @@ class LocalTrainer:
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
             grpo.set_global_batch(self.actor_cfg, loss_mask)
-            acc: dict[str, list[float]] = {}
+            micro: dict[str, list[float]] = {}
             for mb_id, mb in micro_batches(batch, self.micro):
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
                 pack = mb.pack()
@@ -381,8 +383,10 @@ class LocalTrainer:
                     check_finite(float(loss.detach()), self._step)
                     loss.backward()
                 for k, v in m.items():
-                    acc.setdefault(k, []).append(v)
+                    micro.setdefault(k, []).append(v)
             if metrics_out is not None:
+                acc: dict[str, list[float]] = {}
+                grpo.add_mini_batch(acc, micro)
                 metrics_out.update(_mean_metrics(acc))
 
         return replay
@@ -399,6 +403,7 @@ class LocalTrainer:
             stop = start + self.per_mini
             self.optimizer.zero_grad(set_to_none=True)
             grpo.set_global_batch(self.actor_cfg, loss_mask[start:stop])
+            micro: dict[str, list[float]] = {}
             for mb_id, mb in micro_batches(batch, self.micro, start, stop):
                 rows = slice(mb_id * self.micro, mb_id * self.micro + mb.size)
                 pack = mb.pack()
@@ -419,7 +424,8 @@ class LocalTrainer:
                     check_finite(float(loss.detach()), self._step)
                     loss.backward()
                 for k, v in m.items():
-                    acc.setdefault(k, []).append(v)
+                    micro.setdefault(k, []).append(v)
+            grpo.add_mini_batch(acc, micro)
             self.ctrl.compress_gradients()
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.rl.grad_clip)
             acc.setdefault("actor/grad_norm", []).append(float(norm))
@@ -514,20 +520,33 @@ class LocalTrainer:
             self.sampler_codec.update(self.ctrl.sampler_codec_fn())
 
     # ------------------------------------------------------------------ validation
-    def _validate(self, step: int) -> float:
+    def _validate(self, step: int) -> dict[str, float]:
+        """``val/acc``: greedy accuracy of the live weights, as every condition reads them (the sampler's
+        codec off: at tick 0 the base model). With ``sampler.codec: same`` also ``val/acc_sampler_codec``,
+        the same through the sampler's codec (the policy this condition samples from; at tick 0 with the
+        bases the first fire has not yet calibrated)."""
         with self.timer.phase("validate"):
-            return self._greedy_accuracy(step)
+            self._sync_sampler(self._version)  # validation reads the live policy, whatever the staleness
+            out = {}
+            if self.sampler_codec is not None:
+                out["val/acc_sampler_codec"] = self._greedy_accuracy()
+                codec_fn, self.sampler_codec.fn = self.sampler_codec.fn, None
+                try:
+                    out["val/acc"] = self._greedy_accuracy()
+                finally:
+                    self.sampler_codec.fn = codec_fn
+            else:
+                out["val/acc"] = self._greedy_accuracy()
+        self.val_acc[step] = out["val/acc"]
+        return out
 
-    def _greedy_accuracy(self, step: int) -> float:
-        self._sync_sampler(self._version)  # validation reads the live policy, whatever the staleness
+    def _greedy_accuracy(self) -> float:
         prompts = self.val_set.token_ids
         outs = self.sampler.greedy(prompts, self.cfg.sampler.max_new_tokens)
         texts = self.tokenizer.batch_decode(outs, skip_special_tokens=True)
-        acc = float(
+        return float(
             np.mean([boxed_reward(t, gt) for t, gt in zip(texts, self.val_set.ground_truths, strict=True)])
         )
-        self.val_acc[step] = acc
-        return acc
 
     # ------------------------------------------------------------------ main loop
     def train(self) -> RunSummary:
@@ -559,9 +578,9 @@ class LocalTrainer:
         tick = start
         try:
             if start == 0 and 0 not in self.val_acc:
-                acc = self._validate(0)
-                self.pending.append((0, {"val/acc": acc}))
-                self.callbacks.on_validation(0, acc)
+                val = self._validate(0)
+                self.pending.append((0, val))
+                self.callbacks.on_validation(0, val["val/acc"])
             for tick in range(start, ticks):
                 self._step = tick + 1
                 metrics = self._tick(tick)
@@ -569,7 +588,7 @@ class LocalTrainer:
                 metrics["health/alarm"] = float(bool(reasons))
                 step = tick + 1
                 if step % cfg.rl.val_every == 0 or step == ticks:
-                    metrics["val/acc"] = self._validate(step)
+                    metrics.update(self._validate(step))
                 self.pending.append((step, metrics))
                 bar.update(1)
                 bar.set_postfix(
@@ -604,9 +623,16 @@ class LocalTrainer:
             self._flush_metrics()
             self._finish_run(status, {"failure": str(err)})
             raise
+        except BaseException as err:  # any other error, or Ctrl-C: the MLflow run must not stay RUNNING
+            self._flush_metrics()
+            killed = isinstance(err, KeyboardInterrupt)
+            self._finish_run("KILLED" if killed else "FAILED", {"failure": repr(err)})
+            raise
         finally:
             bar.close()
             self.sampler.close()
+        if self.pending:  # resumed from the last checkpoint of a run killed before it flushed
+            self._flush_metrics()
         with self.timer.phase("checkpoint"):
             final = str(self._save_hf(self.out / FINAL_DIR))
         summary = RunSummary(
@@ -657,7 +683,8 @@ class LocalTrainer:
 
 
 def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
-    """Means over micro-batches; token counts are summed into ``actor/effective_token_frac``."""
+    """Means over the entries (micro-batches; a loss share summed per mini-batch: ``grpo.add_mini_batch``);
+    token counts are summed into ``actor/effective_token_frac``."""
     carrying, eligible = acc.pop("actor/effective_tokens", None), acc.pop("actor/eligible_tokens", None)
     out = {k: float(np.mean(v)) for k, v in acc.items()}
     if carrying is not None and eligible is not None:

@@ -11,7 +11,10 @@ of either driver carries the same tag set and can be found, read and resumed the
   changed is recorded as an artifact (``config/changed_<time>.json``, old and new) and the tag
   ``config_changed`` instead of failing (verl's ``Tracking`` drops its MLflow backend on that error);
 - the end: ``finish_run`` (FINISHED | FAILED), or ``mark_preempted`` (KILLED with the tag ``preempted``, the
-  tick checkpointed on a preemption request: ``commrl.run.preempt``), which the next attempt reopens.
+  tick checkpointed on a preemption request: ``commrl.run.preempt``), which the next attempt reopens;
+- a failed or stopped attempt's end tags (``ATTEMPT_TAGS``: ``failure``, ``stopped_early``) are deleted
+  when the next attempt reopens the run, so a finished run carries no stale failure; ``preempted`` and
+  ``preempted_by`` stay (the run's last preemption, a record of how it was trained).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from commrl.errors import ConfigError
 
 RUN_ID_FILE = "mlflow_run_id"
 MAX_TAG_LENGTH = 5000
+ATTEMPT_TAGS = ("failure", "stopped_early")
+"""Tags a failed or stopped attempt's end sets (the trainers' ``finish_run``); a resume deletes them."""
 
 
 @dataclass(frozen=True)
@@ -137,14 +142,16 @@ def open_run(
     spec: RunSpec | None = None,
     run_id: str | None = None,
 ) -> tuple[str, bool]:
-    """The run's MLflow run, RUNNING: ``run_id`` or ``DIR/mlflow_run_id`` reopened if the store has it,
-    else a new run with the full tag set (its id written to ``DIR/mlflow_run_id``). Returns (id, resumed)."""
+    """The run's MLflow run, RUNNING: ``run_id`` or ``DIR/mlflow_run_id`` reopened if the store has it
+    (its earlier attempt's ``ATTEMPT_TAGS`` deleted), else a new run with the full tag set (its id written to
+    ``DIR/mlflow_run_id``). Returns (id, resumed)."""
     uri = tracking_uri or tracking.default_tracking_uri()
     client = tracking.client(uri)
     tags = identity.tags(spec)
     for candidate in (run_id, written_run_id(out_dir)):
         if candidate and run_exists(candidate, uri):
             client.update_run(candidate, status="RUNNING")
+            _delete_attempt_tags(client, candidate)
             for key, value in tags.items():
                 client.set_tag(candidate, key, value)
             _write_run_id(out_dir, candidate)
@@ -154,6 +161,14 @@ def open_run(
     new_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
     _write_run_id(out_dir, new_id)
     return new_id, False
+
+
+def _delete_attempt_tags(client: Any, run_id: str) -> None:
+    """Delete the ``ATTEMPT_TAGS`` an earlier attempt left on ``run_id`` (MLflow refuses a missing one)."""
+    have = client.get_run(run_id).data.tags
+    for key in ATTEMPT_TAGS:
+        if key in have:
+            client.delete_tag(run_id, key)
 
 
 def _write_run_id(out_dir: Path, run_id: str) -> None:
