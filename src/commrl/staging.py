@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,21 +15,68 @@ from pathlib import Path
 def staged_dir(out: str | Path) -> Iterator[Path]:
     """A staging directory beside ``out``: on success it replaces ``out`` as a whole, on error it vanishes.
 
-    The previous ``out`` is moved aside first and removed only once the new one is in place, so an error (or a
-    kill) at any point leaves either the old folder or the new one, never a half-written mix.
+    The stage is made by a plain ``mkdir`` (mode ``0777 & ~umask``, the parent's default ACL), so the
+    published ``out`` is as readable as any folder its writer makes. The swap is two renames: the old ``out``
+    into a holding folder ``.<name>.old-*`` beside it, then the stage onto ``out``; the holding folder is
+    removed once the new ``out`` is in place. Guarantees, for one writer of ``out`` at a time:
+
+    - an error in the body or in either rename leaves the old ``out`` (or none, if there was none) in place;
+    - a kill leaves the old ``out`` or the new one in place, except a kill between the two renames: that
+      leaves ``out`` missing and the old one in ``.<name>.old-*``, and the next ``staged_dir(out)`` (a rerun)
+      moves it back on entry before anything else, so the old version is never lost;
+    - a reader never sees a half-written ``out`` (a mix of old and new files).
+
+    On entry a leftover ``.<name>.old-*`` is moved back to ``out`` when ``out`` is missing (the newest, if
+    several) and deleted otherwise.
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    _restore_held(out)
+    stage = _new_dir(out.parent, f".{out.name}.staging-")
     try:
         yield stage
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(stage, out)
-            shutil.rmtree(old, ignore_errors=True)
+            hold = _new_dir(out.parent, f".{out.name}.old-")
+            os.replace(out, hold / out.name)
+            try:
+                os.replace(stage, out)
+            except BaseException:
+                os.replace(hold / out.name, out)
+                shutil.rmtree(hold, ignore_errors=True)
+                raise
+            shutil.rmtree(hold, ignore_errors=True)
         else:
             os.replace(stage, out)
     finally:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)
+
+
+def _restore_held(out: str | Path) -> None:
+    """Undo a swap a kill interrupted: move the newest ``.<name>.old-*/<name>`` back to ``out`` if ``out`` is
+    missing, then delete every ``.<name>.old-*`` holding folder of ``out``."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        return
+    held = re.compile(rf"\.{re.escape(out.name)}\.old-[a-z0-9_]{{8}}")
+    holds = [p for p in out.parent.iterdir() if held.fullmatch(p.name) and p.is_dir()]
+    holds.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    if not out.exists() and not out.is_symlink():
+        for hold in holds:
+            if (hold / out.name).exists():
+                os.replace(hold / out.name, out)
+                break
+    for hold in holds:
+        shutil.rmtree(hold, ignore_errors=True)
+
+
+def _new_dir(parent: Path, prefix: str) -> Path:
+    """A new folder ``parent/<prefix><8 random hex>`` made by a plain ``mkdir`` (``tempfile.mkdtemp`` gives
+    0700 whatever the umask, and a published folder keeps that mode)."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
