@@ -28,11 +28,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE[:FUNCTION]",
         help="what to import once (default: the libraries of every local job)",
     )
+    serve_p.add_argument(
+        "--parent-fd",
+        type=int,
+        default=None,
+        help="a pipe's read end from the launcher: the server stops when it closes (the launcher died)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "serve":
-        return forkserver.serve(args.socket, args.preload)
+        return forkserver.serve(args.socket, args.preload, args.parent_fd)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise SystemExit("commrl forkserver run: error: give the command after --")

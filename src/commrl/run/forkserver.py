@@ -102,6 +102,8 @@ IMPORT_TIME_PREFIXES = (
     "VLLM_",
     "CUDA_",
     "MLFLOW_",
+    "XDG_",
+    "HOME",
 )
 """Variable prefixes that libraries read when imported (thread pools, CPU kernels, hub and cache paths)."""
 
@@ -118,13 +120,32 @@ def served_jobs(text: str) -> int | None:
 
 def import_time_difference(server_env: Mapping[str, str], job_env: Mapping[str, str]) -> str | None:
     """The first variable read at import time whose value differs between the two environments (not one of
-    ``PER_JOB_ENV``), as ``NAME``; None when a fork of the server is the job's own process."""
+    ``PER_JOB_ENV``, unless the job lacks one the server has), as ``NAME``; None when a fork of the server
+    is the job's own process."""
     for name in sorted(set(server_env) | set(job_env)):
-        if name in PER_JOB_ENV or not name.startswith(IMPORT_TIME_PREFIXES):
+        if name in PER_JOB_ENV:  # applied by the fork, but a server's value cannot be unset
+            if name in server_env and name not in job_env:
+                return name
+            continue
+        if not name.startswith(IMPORT_TIME_PREFIXES):
             continue
         if server_env.get(name) != job_env.get(name):
             return name
     return None
+
+
+def python_identity() -> dict[str, str]:
+    """This interpreter: its resolved executable, prefix and version (a fork runs the server's)."""
+    return {
+        "executable": os.path.realpath(sys.executable),
+        "prefix": sys.prefix,
+        "version": sys.version,
+    }
+
+
+def ignored_signals() -> list[int]:
+    """The ``FORWARDED`` signals this process ignores (inherited as SIG_IGN: ``nohup``, a job's wrapper)."""
+    return [int(signum) for signum in FORWARDED if signal.getsignal(signum) == signal.SIG_IGN]
 
 
 # ---------------------------------------------------------------------------------------------- client
@@ -142,7 +163,15 @@ def submit(path: str, argv: Sequence[str]) -> int | None:
         )
         sock.close()
         return None
-    request = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    request = json.dumps(
+        {
+            "argv": list(argv),
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "python": python_identity(),
+            "ignored": ignored_signals(),
+        }
+    ).encode()
     with sock:
         streams = [_valid_or_null(fd) for fd in (0, 1, 2)]
         socket.send_fds(sock, [_HEADER.pack(len(request)) + request], streams)
@@ -180,11 +209,14 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, sign
 
 
 def _forward_signals(pid: int) -> dict[int, object]:
+    """Forward the ``FORWARDED`` signals this process does not ignore to ``pid``; the previous handlers."""
+
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
 
-    return {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    ignored = set(ignored_signals())
+    return {signum: signal.signal(signum, forward) for signum in FORWARDED if signum not in ignored}
 
 
 def _valid_or_null(fd: int) -> int:
@@ -215,8 +247,9 @@ class ForkServer:
     """Accepts jobs on a Unix socket and runs each as a fork; one thread, a ``select`` loop. Jobs are served
     from the start, between the imports of ``preload`` too (the first jobs need little of it)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, parent_fd: int | None = None):
         self.path = path
+        self.parent_fd = parent_fd  # a pipe's read end whose writer is the launcher: EOF, it died
         self.env = dict(os.environ)
         gc.disable()  # no collections in the server: they would leave freed holes in pages the forks share
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -264,34 +297,56 @@ class ForkServer:
     def poll(self, timeout: float | None) -> None:
         """One turn of the loop: accept a job, kill the forks of vanished clients, reap finished forks."""
         clients = [conn for pid, conn in self.jobs.items() if pid not in self.orphans]
-        readable, _, _ = select.select([self.listener, self._wake_r, *clients], [], [], timeout)
+        parent = [] if self.parent_fd is None else [self.parent_fd]
+        readable, _, _ = select.select([self.listener, self._wake_r, *parent, *clients], [], [], timeout)
         if self._wake_r in readable:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)
+        if self.parent_fd is not None and self.parent_fd in readable and not _read_or_eof(self.parent_fd):
+            self._stop = True  # the launcher died (its end of the pipe closed): stop with it
+            os.close(self.parent_fd)
+            self.parent_fd = None
         if self.listener in readable:
             self._accept()
         for pid, conn in list(self.jobs.items()):
-            if conn in readable and not conn.recv(1):  # the client is gone (killed outright)
-                self.orphans.add(pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+            if conn in readable and pid not in self.orphans and not _recv_or_eof(conn):
+                self._drop(pid)  # the client is gone (killed outright)
         self._reap()
+
+    def _drop(self, pid: int) -> None:
+        """The client of fork ``pid`` is gone: kill the fork's process group (reaped later)."""
+        self.orphans.add(pid)
+        with contextlib.suppress(OSError):  # the fork may not have made its group yet: make it here
+            os.setpgid(pid, pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def _request_stop(self, signum: int, frame: object) -> None:
         self._stop = True
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:  # the client went away before it was accepted
+            return
+        fds: list[int] = []
         try:
             conn.settimeout(10)
             request, fds = _receive_request(conn)
             conn.settimeout(None)
-        except (OSError, ValueError) as err:
-            _refuse(conn, f"bad request: {err}")
+            job_env, python, ignored = request["env"], request["python"], request["ignored"]
+            if not (isinstance(job_env, dict) and isinstance(python, dict) and isinstance(ignored, list)):
+                raise ValueError("malformed request")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            _refuse(conn, f"bad request: {err!r}", fds)
             return
-        why = import_time_difference(self.env, request["env"])
-        if why is not None:
-            why = f"{why} differs from the server's"
+        why = None
+        if python != python_identity():
+            why = f"another Python ({python.get('executable')}, {python.get('prefix')}) than the server's"
+        elif (name := import_time_difference(self.env, job_env)) is not None:
+            why = f"{name} differs from the server's"
         elif threading.active_count() != 1:  # a library started a thread: a fork would lose its locks' owner
             names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
             why = f"the server runs threads ({names})"
@@ -301,19 +356,27 @@ class ForkServer:
         sys.stdout.flush()
         sys.stderr.flush()
         gc.freeze()  # the preloaded objects: out of the forks' collections (else traversed and copied)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as err:  # out of processes or memory: the job runs in its client's process
+            _refuse(conn, f"fork failed: {err.strerror}", fds)
+            return
         if pid == 0:
+            parent = [] if self.parent_fd is None else [self.parent_fd]
             _run_job(
                 request,
                 fds,
                 close=[self.listener, conn, *self.jobs.values()],
-                close_fds=[self._wake_r, self._wake_w],
+                close_fds=[self._wake_r, self._wake_w, *parent],
             )
         for fd in fds:
             os.close(fd)
         self.jobs[pid] = conn
         self.served += 1
-        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        try:
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:  # the client died during its handshake
+            self._drop(pid)
 
     def _reap(self) -> None:
         while self.jobs:
@@ -349,20 +412,46 @@ class ForkServer:
         gc.enable()
 
 
+def _recv_or_eof(conn: socket.socket) -> bytes:
+    """One byte from a client's connection; empty when it closed or reset it."""
+    try:
+        return conn.recv(1)
+    except OSError:
+        return b""
+
+
+def _read_or_eof(fd: int) -> bytes:
+    """What a pipe holds; empty at its end (or on an error)."""
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return b"-"
+    except OSError:
+        return b""
+
+
 def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
     data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
     if len(data) < _HEADER.size or len(fds) != 3:
         for fd in fds:
             os.close(fd)
         raise ValueError("expected a length, a JSON request and three descriptors")
-    (length,) = _HEADER.unpack_from(data)
-    body = bytearray(data[_HEADER.size :])
-    while len(body) < length:
-        more = conn.recv(length - len(body))
-        if not more:
-            raise ValueError("request cut short")
-        body += more
-    return json.loads(body), fds
+    try:
+        (length,) = _HEADER.unpack_from(data)
+        body = bytearray(data[_HEADER.size :])
+        while len(body) < length:
+            more = conn.recv(length - len(body))
+            if not more:
+                raise ValueError("request cut short")
+            body += more
+        request = json.loads(body)
+        if not isinstance(request, dict):
+            raise ValueError("the request is not an object")
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
+    return request, fds
 
 
 def _run_job(request: dict, fds: list[int], close: list[socket.socket], close_fds: list[int]) -> None:
@@ -370,6 +459,7 @@ def _run_job(request: dict, fds: list[int], close: list[socket.socket], close_fd
     command through ``commrl.cli.main``, exit with its status. Never returns."""
     global _forked
     code = 1
+    interrupted = False
     try:
         _forked = True
         gc.enable()
@@ -378,6 +468,8 @@ def _run_job(request: dict, fds: list[int], close: list[socket.socket], close_fd
         for signum in (signal.SIGCHLD, signal.SIGTERM, *FORWARDED):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in request["ignored"]:  # ignored in the client: ignored in its own process too
+            signal.signal(signum, signal.SIG_IGN)
         for sock in close:
             sock.close()
         for fd in close_fds:
@@ -391,6 +483,7 @@ def _run_job(request: dict, fds: list[int], close: list[socket.socket], close_fd
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # cached by the server from its TMPDIR: the job's own, on first use
         sys.argv = ["commrl", *request["argv"]]
         _apply_threads(request["env"])
         from commrl.cli.main import main
@@ -400,8 +493,9 @@ def _run_job(request: dict, fds: list[int], close: list[socket.socket], close_fd
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, int | None):
             print(stop.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        code = 128 + signal.SIGINT
+    except KeyboardInterrupt:  # as the interpreter ends: the traceback, then death by SIGINT
+        traceback.print_exc()
+        interrupted = True
     except BaseException:  # the job's crash, printed as the interpreter would
         traceback.print_exc()
         code = 1
@@ -409,15 +503,42 @@ def _run_job(request: dict, fds: list[int], close: list[socket.socket], close_fd
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            code = 128 + signal.SIGINT
         os._exit(code)
 
 
 def _apply_threads(env: Mapping[str, str]) -> None:
-    """The job's thread count (OMP_NUM_THREADS), which the server's OpenMP read once at its own start."""
-    value = env.get("OMP_NUM_THREADS")
+    """The job's thread counts, which the server's OpenMP and BLAS read once at their own start: torch's
+    (OMP_NUM_THREADS), and OpenMP's, OpenBLAS's and MKL's through threadpoolctl where it is installed."""
+    counts = {
+        "openmp": _count(env, "OMP_NUM_THREADS"),
+        "openblas": _count(env, "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"),
+        "mkl": _count(env, "MKL_NUM_THREADS", "OMP_NUM_THREADS"),
+    }
     torch = sys.modules.get("torch")
-    if torch is not None and value and value.isdigit() and int(value) > 0:
-        torch.set_num_threads(int(value))
+    if torch is not None and counts["openmp"] is not None:
+        torch.set_num_threads(counts["openmp"])
+    limits = {api: count for api, count in counts.items() if count is not None}
+    if limits:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            return
+        controller = ThreadpoolController()
+        for api, count in limits.items():
+            controller.select(internal_api=api).limit(limits=count)
+
+
+def _count(env: Mapping[str, str], *names: str) -> int | None:
+    """The first of ``names`` set in ``env`` to a positive integer (its first field: OpenMP's lists)."""
+    for name in names:
+        value = env.get(name, "").split(",")[0].strip()
+        if value:
+            return int(value) if value.isdigit() and int(value) > 0 else None
+    return None
 
 
 def _warm_mlflow() -> None:
@@ -440,9 +561,10 @@ def in_fork() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- launcher
-def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
-    """``commrl forkserver serve PATH``: bind, import ``preload``, say ``READY``, serve until SIGTERM."""
-    server = ForkServer(path)
+def serve(path: str, preload: Sequence[str] = PRELOAD, parent_fd: int | None = None) -> int:
+    """``commrl forkserver serve PATH``: bind, import ``preload``, say ``READY``, serve until SIGTERM (or
+    the end of the pipe ``parent_fd``: its launcher died)."""
+    server = ForkServer(path, parent_fd)
     try:
         seconds, failed = server.preload(preload)
     except BaseException:
@@ -452,7 +574,8 @@ def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
     skipped = f"; not preloaded: {', '.join(failed)}" if failed else ""
     print(f"{READY} in {seconds:.1f} s at {path}{skipped}", file=sys.stderr, flush=True)
     server.serve()
-    print(f"{STOPPED} {server.served} jobs", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # a launcher that died took the reading end of stderr with it
+        print(f"{STOPPED} {server.served} jobs", file=sys.stderr, flush=True)
     return 0
 
 
@@ -469,12 +592,22 @@ class ServerProcess:
     def __init__(self, preload: Sequence[str] | None = None, cwd: str | Path | None = None):
         self.folder = Path(tempfile.mkdtemp(prefix="commrl-fork-"))  # a socket path must stay < ~100 bytes
         self.path = str(self.folder / "socket")
+        lifeline, self._lifeline = os.pipe()  # the server stops at its EOF: when this process is gone
         command = [sys.executable, "-m", "commrl.cli.main", "forkserver", "serve", self.path]
+        command += ["--parent-fd", str(lifeline)]
         if preload is not None:
             command += ["--preload", *preload]
-        self.proc = subprocess.Popen(
-            command, cwd=cwd, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
+        try:
+            self.proc = subprocess.Popen(
+                command,
+                cwd=cwd,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                pass_fds=(lifeline,),
+            )
+        finally:
+            os.close(lifeline)
         self.ready = threading.Event()
         self.served: int | None = None
         self._relay = threading.Thread(target=self._relay_stderr, daemon=True)
@@ -510,6 +643,9 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._relay.join(timeout=timeout_s)
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
         shutil.rmtree(self.folder, ignore_errors=True)
         return self.served
 
@@ -522,7 +658,17 @@ class ServerProcess:
 
 def run_with_server(command: Sequence[str], startup_timeout_s: float = 60.0) -> int:
     """Run ``command`` with a fork server up (its socket in ``COMMRL_FORKSERVER``); stop the server by its
-    process id when the command ends. The command's exit status."""
+    process id when the command ends. The command's exit status (a command killed by a signal kills this
+    process with the same signal, once the server is stopped). SIGTERM and SIGHUP go to the command."""
+    code = _run_beside_server(command, startup_timeout_s)
+    if code < 0 and -code not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return 128 - code if code < 0 else code
+
+
+def _run_beside_server(command: Sequence[str], startup_timeout_s: float) -> int:
+    """``run_with_server``'s run: the command's ``Popen.returncode`` (-N: killed by signal N)."""
     with ServerProcess() as server:
         env = {name: value for name, value in os.environ.items() if name != ENV_VAR}
         if server.wait(timeout_s=startup_timeout_s):
@@ -530,7 +676,10 @@ def run_with_server(command: Sequence[str], startup_timeout_s: float = 60.0) -> 
         else:
             print("commrl forkserver: the server did not start; running without it", file=sys.stderr)
         proc = subprocess.Popen(list(command), env=env)
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+        previous = {
+            signum: signal.signal(signum, lambda signum, frame: proc.send_signal(signum))
+            for signum in (signal.SIGTERM, signal.SIGHUP)
+        }
         try:
             while True:
                 try:
@@ -538,4 +687,5 @@ def run_with_server(command: Sequence[str], startup_timeout_s: float = 60.0) -> 
                 except KeyboardInterrupt:  # the terminal's SIGINT reached the command too; wait for it
                     continue
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
