@@ -52,3 +52,6 @@ def test_fire_ticks_clip_fraction_is_left_out():
             fast_only.update(metrics)
     assert not alarms
     assert list(fired.clip) == list(fast_only.clip)
+    rising = CollapseMonitor(cfg)  # a real acceleration alarms on fast ticks only, not again on a fire
+    verdicts = [rising.update({"actor/pg_clipfrac": 0.01 * t * t, "anchor/fire": 0.0}) for t in range(10)]
+    assert verdicts[-1] and not rising.update({"actor/pg_clipfrac": 0.0, "anchor/fire": 1.0})

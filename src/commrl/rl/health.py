@@ -42,7 +42,8 @@ class CollapseMonitor:
 
     def update(self, metrics: Mapping[str, float]) -> list[str]:
         """Feed one tick's metrics; returns the reasons of an alarm (empty when healthy). A fire tick's clip
-        fraction is left out: the anchor's replay is ratio one, so its 0 says nothing of the trend."""
+        fraction is left out, and the clip check waits for the next fast tick: the anchor's replay is ratio
+        one, so its 0 says nothing of the trend."""
         fire = metrics.get("anchor/fire") == 1.0
         for key, buf in (
             ("actor/kl_loss", self.kl),
@@ -63,7 +64,7 @@ class CollapseMonitor:
             reasons.append(
                 f"KL slope {least_squares_slope(list(self.kl)):.3f} > {self.cfg.kl_slope} nats/tick"
             )
-        if len(self.clip) == self.cfg.window:
+        if not fire and len(self.clip) == self.cfg.window:
             c = list(self.clip)
             accel = sum(c[i + 1] - 2 * c[i] + c[i - 1] for i in range(1, len(c) - 1)) / (len(c) - 2)
             if accel > self.cfg.clipfrac_accel:
