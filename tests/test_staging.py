@@ -51,19 +51,24 @@ def test_success_replaces_the_folder_and_an_error_in_the_body_keeps_the_old_one(
     assert (out / "model.txt").read_text() == "v2" and leftovers(out) == []
 
 
-def test_an_error_in_the_second_rename_puts_the_old_folder_back(tmp_path, monkeypatch):
-    out = tmp_path / "model"
-    write_version(out, "v1")
+def fail_renames(monkeypatch, only_the_second: bool, message: str) -> None:
+    """``os.replace`` in ``staging`` fails from its second call on (or on the second call only)."""
     real_replace = os.replace
     calls = []
 
     def replace(src, dst):
         calls.append((src, dst))
-        if len(calls) == 2:  # the stage onto ``out``
-            raise OSError("disk gone")
+        if len(calls) == 2 or (len(calls) > 2 and not only_the_second):
+            raise OSError(message)
         real_replace(src, dst)
 
     monkeypatch.setattr(staging.os, "replace", replace)
+
+
+def test_an_error_in_the_second_rename_puts_the_old_folder_back(tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    write_version(out, "v1")
+    fail_renames(monkeypatch, only_the_second=True, message="disk gone")  # the stage onto ``out``
     with pytest.raises(OSError, match="disk gone"):
         write_version(out, "v2")
     monkeypatch.undo()
@@ -76,16 +81,7 @@ def test_a_kill_between_the_renames_is_undone_on_the_next_entry(tmp_path, monkey
     ``staged_dir`` moves it back before its body runs, so even a rerun that fails leaves it in place."""
     out = tmp_path / "model"
     write_version(out, "v1")
-    real_replace = os.replace
-    calls = []
-
-    def replace(src, dst):
-        calls.append((src, dst))
-        if len(calls) >= 2:
-            raise OSError("killed")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(staging.os, "replace", replace)
+    fail_renames(monkeypatch, only_the_second=False, message="killed")
     with pytest.raises(OSError, match="killed"):
         write_version(out, "v2")
     monkeypatch.undo()

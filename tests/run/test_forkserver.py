@@ -8,20 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 
-import pytest
-from forkserver_helpers import Server, commrl, direct_env
+from forkserver_helpers import commrl, direct_env
 
 from commrl.run import forkserver
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    srv = Server()
-    yield srv
-    if srv.proc.poll() is None:
-        srv.stop()
 
 
 def test_a_job_through_the_server_prints_and_exits_as_in_its_own_process(server, tmp_path):

@@ -11,21 +11,11 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from forkserver_helpers import Server, commrl, direct_env, forks_of
 
 from commrl.run import forkserver
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    srv = Server()
-    yield srv
-    if srv.proc.poll() is None:
-        srv.stop()
 
 
 def _long_job(env: dict[str, str], out: Path, **popen: object) -> subprocess.Popen:
