@@ -52,12 +52,9 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
             shutil.rmtree(stage, ignore_errors=True)
 
 
-def _restore_held(out: str | Path) -> None:
+def _restore_held(out: Path) -> None:
     """Undo a swap a kill interrupted: move the newest ``.<name>.old-*/<name>`` back to ``out`` if ``out`` is
-    missing, then delete every ``.<name>.old-*`` holding folder of ``out``."""
-    out = Path(out)
-    if not out.parent.is_dir():
-        return
+    missing, then delete every ``.<name>.old-*`` holding folder of ``out`` (whose parent exists)."""
     held = re.compile(rf"\.{re.escape(out.name)}\.old-[a-z0-9_]{{8}}")
     holds = [p for p in out.parent.iterdir() if held.fullmatch(p.name) and p.is_dir()]
     holds.sort(key=lambda p: p.stat().st_mtime, reverse=True)

@@ -21,7 +21,8 @@ from commrl.rl.config import HealthConfig
 from commrl.run import record
 from commrl.verl_ext import checkpoint
 from commrl.verl_ext import config as vc
-from commrl.verl_ext.checkpoint import TRACKER, validation_due
+from commrl.verl_ext.checkpoint import TRACKER
+from commrl.verl_ext.config import on_schedule
 from commrl.verl_ext.trainer import CommrlPPOTrainer, StepChecks
 
 VERL_VAL = "val-core/commrl/math500/acc/mean@1"  # verl's name (its MLflow adapter writes @ as _at_)
@@ -126,9 +127,9 @@ def test_val_only_validates_the_last_checkpoint_and_trains_nothing(tmp_path, mlf
     assert history(mlflow_run, VERL_VAL.replace("@", "_at_")) == {TOTAL: 0.5}
 
 
-def test_validation_due_follows_verls_fit():
-    assert [s for s in range(1, 92) if validation_due(s, 25, 90)] == [25, 50, 75, 90, 91]
-    assert not validation_due(100, 0, 100)
+def test_on_schedule_follows_verls_fit():
+    assert [s for s in range(1, 92) if on_schedule(s, 25, 90)] == [25, 50, 75, 90, 91]
+    assert not on_schedule(100, 0, 100)
 
 
 @pytest.mark.parametrize(("logged", "validates"), [([0, 25, 50, 75], True), ([0, 25, 50, 75, 100], False)])

@@ -45,14 +45,11 @@ class CollapseMonitor:
         fraction is left out, and the clip check waits for the next fast tick: the anchor's replay is ratio
         one, so its 0 says nothing of the trend."""
         fire = metrics.get("anchor/fire") == 1.0
-        for key, buf in (
-            ("actor/kl_loss", self.kl),
-            ("actor/pg_clipfrac", None if fire else self.clip),
-            ("mismatch/logprob_corr", self.corr),
-        ):
+        feeds = [("actor/kl_loss", self.kl), ("mismatch/logprob_corr", self.corr)]
+        if not fire:
+            feeds.append(("actor/pg_clipfrac", self.clip))
+        for key, buf in feeds:
             value = metrics.get(key)
-            if buf is None:
-                continue
             if value is not None and math.isfinite(value):
                 buf.append(float(value))
         if self.corr_reference is None and "mismatch/logprob_corr" in metrics:

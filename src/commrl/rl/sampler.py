@@ -14,8 +14,9 @@ at every weight push.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,15 @@ class SamplerCodec:
 
     def update(self, fn: CodecFn | None) -> None:
         self.fn = fn
+
+    @contextlib.contextmanager
+    def off(self) -> Iterator[None]:
+        """The sampler runs dense for the duration (its function kept for after)."""
+        fn, self.fn = self.fn, None
+        try:
+            yield
+        finally:
+            self.fn = fn
 
     def apply(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
         if self.fn is None:

@@ -528,15 +528,12 @@ class LocalTrainer:
         with self.timer.phase("validate"):
             self._sync_sampler(self._version)  # validation reads the live policy, whatever the staleness
             out = {}
-            if self.sampler_codec is not None:
-                out["val/acc_sampler_codec"] = self._greedy_accuracy()
-                codec_fn, self.sampler_codec.fn = self.sampler_codec.fn, None
-                try:
-                    out["val/acc"] = self._greedy_accuracy()
-                finally:
-                    self.sampler_codec.fn = codec_fn
-            else:
+            if self.sampler_codec is None:
                 out["val/acc"] = self._greedy_accuracy()
+            else:
+                out["val/acc_sampler_codec"] = self._greedy_accuracy()
+                with self.sampler_codec.off():
+                    out["val/acc"] = self._greedy_accuracy()
         self.val_acc[step] = out["val/acc"]
         return out
 
@@ -618,15 +615,11 @@ class LocalTrainer:
             stopped = str(stop)
             self._checkpoint(self._step)
             tick = self._step
-        except NonFiniteLossError as err:
-            status = "FAILED"
+        except BaseException as err:  # a non-finite loss, another error, Ctrl-C: never left RUNNING
             self._flush_metrics()
-            self._finish_run(status, {"failure": str(err)})
-            raise
-        except BaseException as err:  # any other error, or Ctrl-C: the MLflow run must not stay RUNNING
-            self._flush_metrics()
-            killed = isinstance(err, KeyboardInterrupt)
-            self._finish_run("KILLED" if killed else "FAILED", {"failure": repr(err)})
+            failure = str(err) if isinstance(err, NonFiniteLossError) else repr(err)
+            status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+            self._finish_run(status, {"failure": failure})
             raise
         finally:
             bar.close()

@@ -302,8 +302,8 @@ class ForkServer:
         if self._wake_r in readable:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)
-        if self.parent_fd is not None and self.parent_fd in readable and not _read_or_eof(self.parent_fd):
-            self._stop = True  # the launcher died (its end of the pipe closed): stop with it
+        if self.parent_fd is not None and self.parent_fd in readable:
+            self._stop = True  # nothing is written to the pipe: readable is its end, the launcher died
             os.close(self.parent_fd)
             self.parent_fd = None
         if self.listener in readable:
@@ -416,16 +416,6 @@ def _recv_or_eof(conn: socket.socket) -> bytes:
     """One byte from a client's connection; empty when it closed or reset it."""
     try:
         return conn.recv(1)
-    except OSError:
-        return b""
-
-
-def _read_or_eof(fd: int) -> bytes:
-    """What a pipe holds; empty at its end (or on an error)."""
-    try:
-        return os.read(fd, 4096)
-    except BlockingIOError:
-        return b"-"
     except OSError:
         return b""
 

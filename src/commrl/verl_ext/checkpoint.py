@@ -17,7 +17,7 @@ from pathlib import Path
 from commrl import tracking
 from commrl.run.summary import FINAL_DIR, RunSummary, read_point, read_point_dir_name
 from commrl.staging import staged_dir
-from commrl.verl_ext.config import VerlRun
+from commrl.verl_ext.config import VerlRun, on_schedule
 
 TRACKER = "latest_checkpointed_iteration.txt"
 VAL_ACC = "val/acc"  # what summary.json and the report read (trainer.method_metrics: from verl's val-core/*)
@@ -40,12 +40,6 @@ def val_acc_history(run_id: str, tracking_uri: str | None = None) -> dict[int, f
     return {int(m.step): float(m.value) for m in history}
 
 
-def validation_due(step: int, test_freq: int, total_steps: int) -> bool:
-    """Whether verl's ``fit`` validates after step ``step``: ``trainer.test_freq > 0`` and ``step`` a
-    multiple of it, or the last step (``total_steps``)."""
-    return test_freq > 0 and (step >= total_steps or step % test_freq == 0)
-
-
 def validation_missing(
     step: int, test_freq: int, total_steps: int, run_id: str | None, tracking_uri: str | None = None
 ) -> bool:
@@ -54,7 +48,7 @@ def validation_missing(
     verl saves a ``save_freq`` step before it validates and logs it, so a hard kill during that validation
     leaves the checkpoint without its ``val/acc``. False without a run (nothing would record it).
     """
-    if not run_id or not validation_due(step, test_freq, total_steps):
+    if not run_id or not on_schedule(step, test_freq, total_steps):
         return False
     return step not in val_acc_history(run_id, tracking_uri)
 

@@ -436,6 +436,12 @@ def check_verl_config(cfg, run: VerlRun | None = None) -> None:
         raise ConfigError(f"verl's config check failed: {err}") from err
 
 
+def on_schedule(step: int, freq: int, total_steps: int) -> bool:
+    """Whether verl's ``fit`` validates (``trainer.test_freq``) or saves (``trainer.save_freq``) after step
+    ``step``: ``freq > 0`` and ``step`` a multiple of it, or the last step (``total_steps``)."""
+    return freq > 0 and (step >= total_steps or step % freq == 0)
+
+
 def check_read_point(run: VerlRun, cfg) -> None:
     """verl logs ``val/acc`` and saves a checkpoint (the model read) at ``run.read_at``.
 
@@ -453,14 +459,14 @@ def check_read_point(run: VerlRun, cfg) -> None:
             f"never reaches its read point; set read_at <= {ticks} or ticks >= {read_at}"
         )
     test_freq, save_freq = int(trainer.test_freq), int(trainer.save_freq)
-    if test_freq <= 0 or (read_at != ticks and read_at % test_freq):
+    if not on_schedule(read_at, test_freq, ticks):
         raise ConfigError(
             f"read_at={read_at} is invalid with val_every (verl's trainer.test_freq)={test_freq}: verl "
             f"validates every val_every ticks and at the last tick ({ticks}), so val/acc at the read point "
             f"is never logged; set read_at to a multiple of val_every or to ticks, or val_every to a divisor "
             f"of {read_at}"
         )
-    if save_freq <= 0 or (read_at != ticks and read_at % save_freq):
+    if not on_schedule(read_at, save_freq, ticks):
         raise ConfigError(
             f"read_at={read_at} is invalid with trainer.save_freq={save_freq}: the read model exists only "
             f"as verl's checkpoint, saved every save_freq ticks and at the last tick ({ticks}); set read_at "
