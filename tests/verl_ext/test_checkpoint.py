@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +118,53 @@ def test_no_checkpoint_means_zero_ticks(tmp_path):
     summary = summarize_run(tmp_path, spec_of(100, 100), ticks_asked=100, mlflow_run_id=None)
     assert (summary.ticks_trained, summary.final, summary.read, summary.complete) == (0, None, None, False)
     assert RunSummary.read(tmp_path).ticks_asked == 100
+
+
+def test_both_drivers_write_the_same_run_record(two_ticks, tiny_model_dir, tmp_path, monkeypatch):
+    """One run of each driver into one MLflow store: the same identity tags (``record.RunIdentity``), the
+    same ``summary.json`` keys, and read points that are absolute model folders. verl's side runs
+    ``commrl verl-train``'s ``train`` on real verl checkpoints with verl's own training stubbed (no GPU)."""
+    import json
+    import subprocess
+    import sys
+
+    from commrl.rl.config import load_train_config
+    from commrl.rl.trainer import LocalTrainer
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setattr(verl_train, "run_verl", lambda cfg: None)
+    verl_out = run_dir(two_ticks, tmp_path)
+    spec = spec_of(2, 1)
+    cfg = vc.compose_verl_config(vc.run_overrides(spec, verl_out, tmp_path / "data", tracking_uri=uri))
+    assert verl_train.train(spec, cfg, verl_out, uri, None, record.RunSpec()) == 0
+
+    data = tmp_path / "toy"
+    prepare = [sys.executable, "-m", "commrl.cli.main", "prepare", "--dataset", "toy", "--out", str(data)]
+    subprocess.run(prepare, check=True, capture_output=True)
+    monkeypatch.chdir(tmp_path)
+    local = load_train_config(
+        [
+            *(f"model.path={tiny_model_dir}", f"data.dir={data}", "out_dir=local/run", f"tracking.uri={uri}"),
+            *("sampler.backend=hf", "rl.prompts_per_tick=2", "rl.group_size=2", "rl.mini_batches=1"),
+            *("rl.micro_batch_size=4", "rl.ticks=2", "rl.read_at=1", "rl.val_every=1", "data.val_limit=2"),
+            *("sampler.max_new_tokens=4", "threads=1", "condition=no_projection", "method.rank=4"),
+        ]
+    )
+    LocalTrainer(local).train()
+    local_out = tmp_path / "local" / "run"
+
+    summaries = [json.loads((out / "summary.json").read_text()) for out in (verl_out, local_out)]
+    assert summaries[0].keys() == summaries[1].keys()
+    for summary in summaries:
+        read = summary["read"]
+        assert read is not None and read.endswith("tick1") and Path(read).is_absolute(), summary
+        assert (Path(read) / "config.json").is_file()
+    client = tracking.client(uri)
+    tags = [client.get_run(s["mlflow_run_id"]).data.tags for s in summaries]
+    identity = set(record.RunIdentity("A", "c", 0, "lowrank", "local", 2, 1).tags(record.RunSpec()))
+    assert identity <= tags[0].keys() and identity <= tags[1].keys()
+    assert [t["driver"] for t in tags] == ["verl", "local"] and {t["condition"] for t in tags} == {
+        "no_projection"
+    }
