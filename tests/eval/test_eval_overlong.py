@@ -3,10 +3,14 @@ so, and records the count (the real tiny model on the hf backend, the contexts l
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 from eval_data import toy_rows, write_jsonl
 
 from commrl.eval import evaluate_checkpoint
-from commrl.eval.overlong import count_overlong
+from commrl.eval.overlong import checkpoint_tokenizer, count_overlong
 from commrl.eval.pairs import pair_settings
 
 
@@ -33,3 +37,12 @@ def test_the_budget_of_a_generated_answer_and_of_a_multiple_choice_option():
     options = {"t": [{"arguments": [["x" * 6, "yyy"], ["x" * 6, "y"]]}]}
     assert count_overlong(options, tokenizer, max_model_len=9, max_gen_toks=None) == 0
     assert count_overlong(options, tokenizer, max_model_len=8, max_gen_toks=None) == 1
+
+
+def test_one_checkpoint_tokenizer_serves_all_its_benchmarks(tiny_model_dir, tmp_path):
+    ckpt = Path(shutil.copytree(tiny_model_dir, tmp_path / "ckpt"))
+    first = checkpoint_tokenizer(ckpt)
+    assert checkpoint_tokenizer(ckpt) is first
+    config = ckpt / "tokenizer_config.json"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    assert checkpoint_tokenizer(ckpt) is not first

@@ -8,6 +8,7 @@ keeps the last ones); a multiple-choice option's context and continuation togeth
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,20 @@ def count_overlong(
 
 
 def checkpoint_tokenizer(checkpoint: Path):
-    """The checkpoint's tokenizer, or None where it has none (an injected test model)."""
-    if not (checkpoint / "tokenizer_config.json").is_file():
+    """The checkpoint's tokenizer, or None where it has none (an injected test model); loaded once per
+    process for all the benchmarks of one checkpoint (again if its tokenizer files change)."""
+    config = checkpoint / "tokenizer_config.json"
+    if not config.is_file():
         return None
+    stamp = tuple(f.stat().st_mtime_ns for f in (config, checkpoint / "tokenizer.json") if f.is_file())
+    return _load_tokenizer(str(checkpoint.resolve()), stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(path: str, _stamp: tuple[int, ...]):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(checkpoint))
+    return AutoTokenizer.from_pretrained(path)
 
 
 def warning(benchmark: str, n: int, n_docs: int | None, max_model_len: int) -> str:
