@@ -241,3 +241,34 @@ def test_ctrl_c_kills_a_forked_job_with_sigint_and_a_traceback(server, tmp_path)
     assert client.returncode == -signal.SIGINT
     assert "KeyboardInterrupt" in err and "Traceback" in err
     assert server.stop() == 1
+
+
+FAILING_FORK = """
+import errno, os, sys
+from commrl.run import forkserver
+
+def no_fork():
+    raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+
+os.fork = no_fork
+sys.exit(forkserver.serve(sys.argv[1], preload=()))
+"""
+
+
+def test_a_failed_fork_runs_the_job_in_its_clients_process_and_the_server_serves_on(tmp_path):
+    path = str(tmp_path / "socket")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FAILING_FORK, path], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert forkserver.READY in proc.stderr.readline()
+        env = {**direct_env(), forkserver.ENV_VAR: path}
+        for _ in range(2):
+            done = commrl("prepare", "--help", env=env)
+            assert done.returncode == 0 and "--dataset" in done.stdout
+            assert "refused the job (fork failed: Resource temporarily unavailable)" in done.stderr
+            assert "running in this process" in done.stderr
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+    assert proc.wait(timeout=30) == 0
