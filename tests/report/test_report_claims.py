@@ -48,8 +48,8 @@ def claims(runs: list[TrainRun]) -> dict[int, object]:
 
 
 def test_best_and_means_are_read_up_to_the_read_tick():
-    """Claim 11 and the best-validation table read the best val/acc up to tick 100 (method 0.62 vs dense
-    0.70: a MISS), not the method's 0.90 at tick 150; claim 7 and the mismatch table average the
+    """Claim 11 reads val/acc at tick 100 and the best-validation table the best up to it (method 0.62 vs
+    dense 0.70: a MISS), not the method's 0.90 at tick 150; claim 7 and the mismatch table average the
     correlation over ticks 0-100 (0.2), not the 0.95 logged after."""
     got = claims(base_runs())
     assert got[11].status == "MISS"
@@ -79,3 +79,47 @@ def test_claim_12_needs_the_method_strictly_above_anchor_only(anchor_only, statu
     assert got.status == status
     if anchor_only == 0.62:
         assert got.reason == "95% CI [0, 0] <= 0"
+
+
+def test_claim_11_reads_validation_at_the_read_tick_as_the_notes_figure_3_not_the_best():
+    """The method peaks at 0.72 (tick 50, above dense's best 0.70) and reads 0.62 at the read tick: the
+    note's Figure 3 compares the two at the step both are cut at, a MISS (a best-val reading would PASS)."""
+    runs = base_runs()
+    for k, r in enumerate(runs):
+        if r.condition == "method":
+            runs[k] = run("method", r.seed, {0: 0.4, 50: 0.72, 100: 0.62, 150: 0.9}, {0: 0.2})
+    got = claims(runs)[11]
+    assert got.status == "MISS" and got.decided_by.quantity == "val method - dense"
+    assert got.values["method"] == pytest.approx(0.62) and got.values["method_tick"] == "100"
+    assert got.threshold == "|val method - val dense| at read <= 0.05"
+
+
+def _same_sampler_runs(score: dict[int, float], corr: float = 1.0) -> list[TrainRun]:
+    ticks = range(0, 101, 10)
+    metrics = {"score/mean": series(score), "mismatch/logprob_corr": series({t: corr for t in ticks})}
+    return [
+        TrainRun(
+            f"s-{seed}",
+            "method_same_sampler",
+            "method_same_sampler",
+            "",
+            seed,
+            "FINISHED",
+            READ_AT,
+            100,
+            metrics,
+        )
+        for seed in SEEDS
+    ]
+
+
+def test_claim_10_needs_the_sampler_on_the_codec_to_learn_not_only_to_agree():
+    """A sampler whose codec turns every rollout into a wrong answer (score 0 at every tick: every advantage
+    0, the weights never move) agrees with the trainer to the last bit; the claim is then a MISS, decided by
+    the score gain, not a PASS on the correlation."""
+    flat = claims(_same_sampler_runs({t: 0.0 for t in range(0, 101, 10)}))[10]
+    assert [c.status for c in flat.checks] == ["PASS", "MISS"]
+    assert flat.status == "MISS" and flat.decided_by.quantity == "method_same_sampler score gain"
+    assert "its sampler's score 0.000 -> 0.000 at tick 100, gain 0 ± 0 (n=3)" in flat.value
+    learns = claims(_same_sampler_runs({t: 0.2 + 0.004 * t for t in range(0, 101, 10)}))[10]
+    assert learns.status == "PASS" and learns.values["gain"] == pytest.approx(0.36)

@@ -94,6 +94,8 @@ def test_ratio_edge_cases():
     assert zero.estimate == zero.low == zero.high == math.inf and "0 in every seed" in zero.note
     exact = st.ratio_interval(seeds([4.0, 4.0]), seeds([2.0, 2.0]))
     assert exact.low == pytest.approx(2.0) and exact.high == pytest.approx(2.0)
+    mean_zero = st.ratio_interval(seeds([1.0, 2.0, 3.0]), {"a": -1.0, "b": 0.0, "c": 1.0})  # unpaired
+    assert (mean_zero.low, mean_zero.high) == (-math.inf, math.inf) and "mean is 0" in mean_zero.note
     one = st.ratio_interval(seeds([4.0]), seeds([2.0]))
     assert one.estimate == 2.0 and one.low is None and one.note == "n=1: no interval"
 
@@ -168,3 +170,5 @@ def test_interval_text():
     assert (
         format_interval(st.Interval(0.743, 0.722, 0.764, (3, 2), "welch"), ".1%") == "74.3% ± 2.1% (n=3 vs 2)"
     )
+    bonferroni = st.Interval(0.126, -0.195, 0.447, (3,), "t", confidence=1 - 0.05 / 3)
+    assert format_interval(bonferroni, ".3g") == "0.126 ± 0.32 (98.3%, n=3)"

@@ -318,6 +318,9 @@ def ratio_interval(
 
         low, high = _two_sample_bca(xa, xb, ratio, paired, confidence)
         return Interval(estimate, low, high, sizes, "bca", paired, "", confidence)
+    if mb == 0:  # Welch's degrees of freedom at rho_hat = ±inf are undefined: the interval is unbounded
+        note = "unbounded: the denominator's mean is 0"
+        return Interval(estimate, -np.inf, np.inf, sizes, "fieller", paired, note, confidence)
     if paired:
         n = len(xa)
         cov = np.cov(xa, xb, ddof=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from commrl.report.stats import Interval
+from commrl.report.stats import CONFIDENCE, Interval
 
 CONDITION_COLOURS: dict[str, str] = {
     "dense": "#2ca02c",  # green
@@ -105,7 +105,8 @@ def seeds_text(interval: Interval) -> str:
 
 def format_interval(interval: Interval, spec: str = ".4g") -> str:
     """``0.654 ± 0.021 (n=3)`` (symmetric), ``0.654 [0.61, 0.68] (n=25)`` (asymmetric), ``0.654 (n=1)``;
-    with a percent ``spec`` (``.1%``) the half-width and bounds are percents too (``74.3% ± 2.1%``)."""
+    with a percent ``spec`` (``.1%``) the half-width and bounds are percents too (``74.3% ± 2.1%``); an
+    interval at another level than 95% says which (``0.126 ± 0.32 (98.3%, n=3)``: a Bonferroni level)."""
     estimate = format_number(interval.estimate, spec)
     if interval.low is None or interval.high is None:
         return f"{estimate} {seeds_text(interval)}"
@@ -113,6 +114,9 @@ def format_interval(interval: Interval, spec: str = ".4g") -> str:
     def spread(value: float, digits: int) -> str:
         return f"{value * 100:.{digits}g}%" if spec.endswith("%") else format_number(value, f".{digits}g")
 
+    seeds = seeds_text(interval)
+    if not math.isclose(interval.confidence, CONFIDENCE):
+        seeds = f"({interval.confidence * 100:.3g}%, {seeds[1:]}"
     if interval.symmetric:
-        return f"{estimate} ± {spread(interval.half_width, 2)} {seeds_text(interval)}"
-    return f"{estimate} [{spread(interval.low, 3)}, {spread(interval.high, 3)}] {seeds_text(interval)}"
+        return f"{estimate} ± {spread(interval.half_width, 2)} {seeds}"
+    return f"{estimate} [{spread(interval.low, 3)}, {spread(interval.high, 3)}] {seeds}"

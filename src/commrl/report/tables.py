@@ -28,7 +28,7 @@ MISMATCH_METRICS: dict[str, str] = {
 }
 FINISHED_TRIAL_STATES = ("COMPLETE", "FINISHED")
 ASYNC_METRICS: dict[str, str] = {  # per seed, the mean over ticks
-    "actor/effective_token_frac": "effective token frac",
+    "actor/effective_token_frac": "effective token frac",  # on fast ticks (runs.FAST_TICK_METRICS)
     "rollout_corr/kl": "rollout_corr kl",
     "rollout_corr/k3_kl": "k3 kl",
     "rollout_corr/chi2_token": "chi2 token",
@@ -249,7 +249,8 @@ def async_table(runs: PairRuns) -> Table | None:
     if not rows:
         return None
     title = (
-        "Asynchronous training and rollout correction (val at the read tick, the rest mean over ticks to it)"
+        "Asynchronous training and rollout correction (val at the read tick, the rest mean over ticks to it; "
+        "the effective token frac over fast ticks only)"
     )
     return Table("async", title, columns, rows)
 
