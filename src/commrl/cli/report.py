@@ -36,6 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "DIR/pair_*.yaml, e.g. configs/netmodel",
     )
     parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="read only the runs these files name (training summary.json files or run folders, evaluation "
+        "summary .json files, sweep summary folders), not every run of the pair in the store: a "
+        "pipeline's report of its own runs",
+    )
+    parser.add_argument(
         "--threshold",
         action="append",
         type=_threshold,
@@ -49,12 +58,19 @@ def run(args: argparse.Namespace) -> int:
     from commrl.cli.main import fail
     from commrl.report import ClaimThresholds, ReportInputError, build_report
     from commrl.report.network import NetworkOptions
+    from commrl.report.selection import RunSelection
 
     try:
         thresholds = ClaimThresholds.with_overrides(dict(args.threshold))
         network = NetworkOptions.from_dir(args.netmodel) if args.netmodel else None
+        only = RunSelection.from_paths(args.only) if args.only is not None else None
         result = build_report(
-            args.pair, args.out, tracking_uri=args.tracking_uri, thresholds=thresholds, network=network
+            args.pair,
+            args.out,
+            tracking_uri=args.tracking_uri,
+            thresholds=thresholds,
+            network=network,
+            only=only,
         )
     except ReportInputError as err:
         return fail("report", err)

@@ -33,6 +33,7 @@ from commrl.staging import staged_dir
 
 if TYPE_CHECKING:
     from commrl.report.network import NetworkOptions, NetworkSection
+    from commrl.report.selection import RunSelection
 
 TITLE = "commrl report: the note's figures and tables from tracked runs"
 REPORT_FILES = ("report.md", "report.html", "tables.json", "claims.json", "captions.json")
@@ -61,9 +62,10 @@ def build_report(
     tracking_uri: str | None = None,
     thresholds: ClaimThresholds | None = None,
     network: NetworkOptions | None = None,
+    only: RunSelection | None = None,
 ) -> ReportResult:
     """The report of ``pairs`` (every ``commrl/<pair>`` experiment when empty) written to ``out_dir``;
-    with ``network``, also the network model's section."""
+    with ``network``, also the network model's section; with ``only``, of the runs it names alone."""
     uri = tracking_uri or tracking.default_tracking_uri()
     out = Path(out_dir).resolve()
     _check_out_dir(out)
@@ -73,7 +75,13 @@ def build_report(
             f"no commrl/<pair> experiments in the MLflow store {uri}; train a pair first, or pass "
             "--tracking-uri"
         )
-    loaded = [load_pair(p, uri) for p in tqdm(pairs, desc="reading pairs", unit="pair")]
+    loaded = [load_pair(p, uri, only) for p in tqdm(pairs, desc="reading pairs", unit="pair")]
+    if only is not None:
+        only.check_found(
+            (r.run_id for p in loaded for r in p.train),
+            (e.run_id for p in loaded for e in p.evals),
+            (s.study for p in loaded for s in p.sweeps if s.study),
+        )
     thresholds = thresholds or ClaimThresholds()
     client = tracking.client(uri)
     run = client.create_run(

@@ -10,13 +10,16 @@ Rules for what is kept, each reported as a note:
 - when a (condition, seed) has several training runs, the newest is kept;
 - an evaluation that is not FINISHED is dropped; when a training run has several finished evaluations of
   one benchmark, the newest is kept;
-- an evaluation whose training run is not in the pair is dropped.
+- an evaluation whose training run is not in the pair is dropped;
+- with a selection (``commrl.report.selection``, ``commrl report --only``), only the runs it names are
+  read: the others in the store are counted in one note.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
@@ -24,8 +27,12 @@ from tqdm import tqdm
 from commrl import tracking
 from commrl.rl.correction import LOGGED_METRICS
 
+if TYPE_CHECKING:
+    from commrl.report.selection import RunSelection
+
 REPORT_EXPERIMENT = "commrl/report"
 SWEEP_PARAMS: tuple[str, ...] = ("rank", "alpha", "beta", "cadence")
+STUDY_TAG = "optuna.study"  # a sweep parent's study name (commrl.sweep)
 
 
 class ReportInputError(ValueError):
@@ -117,6 +124,7 @@ class Sweep:
     name: str
     direction: str
     trials: list[Trial]  # newest first
+    study: str | None = None
 
 
 @dataclass
@@ -148,8 +156,9 @@ def list_pairs(tracking_uri: str | None = None) -> list[str]:
     return sorted(n.removeprefix("commrl/") for n in names if n != REPORT_EXPERIMENT)
 
 
-def load_pair(pair: str, tracking_uri: str | None = None) -> PairRuns:
-    """All training, evaluation and sweep runs of ``pair``; ``ReportInputError`` if it has no experiment."""
+def load_pair(pair: str, tracking_uri: str | None = None, only: RunSelection | None = None) -> PairRuns:
+    """All training, evaluation and sweep runs of ``pair`` (those of ``only`` when given);
+    ``ReportInputError`` if it has no experiment."""
     client = tracking.client(tracking_uri)
     name = tracking.experiment_name(pair)
     experiment = client.get_experiment_by_name(name)
@@ -162,10 +171,15 @@ def load_pair(pair: str, tracking_uri: str | None = None) -> PairRuns:
         )
     exp_id = experiment.experiment_id
     notes: list[str] = []
-    train = _load_train(client, exp_id, pair, notes)
-    evals = _load_evals(client, exp_id, pair, {r.run_id for r in train}, notes)
-    sweeps = _load_sweeps(client, exp_id)
+    train = _load_train(client, exp_id, pair, notes, only)
+    evals = _load_evals(client, exp_id, pair, {r.run_id for r in train}, notes, only)
+    sweeps = _load_sweeps(client, exp_id, pair, notes, only)
     return PairRuns(pair, train, evals, sweeps, notes)
+
+
+def _left_out(notes: list[str], pair: str, n: int, kind: str) -> None:
+    if n:
+        notes.append(f"{pair}: {n} {kind} in the store left out: not among the runs of --only")
 
 
 def _search(client, exp_id: str, filter_string: str) -> list:
@@ -195,10 +209,16 @@ def _int_tag(tags: dict[str, str], key: str, run_name: str) -> int | None:
         raise ReportInputError(f"run {run_name!r}: tag {key}={value!r} is not an integer tick") from err
 
 
-def _load_train(client, exp_id: str, pair: str, notes: list[str]) -> list[TrainRun]:
+def _load_train(
+    client, exp_id: str, pair: str, notes: list[str], only: RunSelection | None
+) -> list[TrainRun]:
     seen: set[tuple[str, str]] = set()
     kept: list[tuple[TrainRun, set[str]]] = []
+    left_out = 0
     for run in _search(client, exp_id, "tags.kind = 'train'"):
+        if only is not None and run.info.run_id not in only.train:
+            left_out += 1
+            continue
         tags = run.data.tags
         name = run.info.run_name or run.info.run_id
         key = (tags.get("condition", "unknown"), tags.get("seed", "0"))
@@ -222,6 +242,7 @@ def _load_train(client, exp_id: str, pair: str, notes: list[str]) -> list[TrainR
             ticks=_int_tag(tags, "ticks", name),
         )
         kept.append((train_run, set(run.data.metrics)))
+    _left_out(notes, pair, left_out, "training runs")
     for train_run, logged in tqdm(kept, desc=f"metric histories ({pair})", unit="run", leave=False):
         wanted = [key for key in TRAIN_METRICS if key in logged]
         train_run.metrics = {key: _history(client, train_run.run_id, key) for key in wanted}
@@ -248,10 +269,16 @@ def _history(client, run_id: str, key: str) -> Series:
     return Series.from_points([(m.step, m.value) for m in client.get_metric_history(run_id, key)])
 
 
-def _load_evals(client, exp_id: str, pair: str, train_ids: set[str], notes: list[str]) -> list[EvalRun]:
+def _load_evals(
+    client, exp_id: str, pair: str, train_ids: set[str], notes: list[str], only: RunSelection | None
+) -> list[EvalRun]:
     seen: set[tuple[str, str]] = set()
     kept = []
+    left_out = 0
     for run in _search(client, exp_id, "tags.kind = 'eval'"):
+        if only is not None and run.info.run_id not in only.evals:
+            left_out += 1
+            continue
         tags = run.data.tags
         parent = tags.get("training_run_id") or tags.get("mlflow.parentRunId", "")
         benchmark = tags.get("benchmark", "")
@@ -277,18 +304,24 @@ def _load_evals(client, exp_id: str, pair: str, train_ids: set[str], notes: list
         prefix = f"eval/{benchmark}/"
         metrics = {k.removeprefix(prefix): v for k, v in run.data.metrics.items() if k.startswith(prefix)}
         kept.append(EvalRun(run.info.run_id, parent, benchmark, metrics))
+    _left_out(notes, pair, left_out, "evaluations")
     return kept
 
 
-def _load_sweeps(client, exp_id: str) -> list[Sweep]:
+def _load_sweeps(client, exp_id: str, pair: str, notes: list[str], only: RunSelection | None) -> list[Sweep]:
     sweeps = []
+    left_out = 0
     for run in _search(client, exp_id, "tags.kind = 'sweep'"):
         run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
+        if only is not None and tags.get(STUDY_TAG) not in only.studies:
+            left_out += 1
+            continue
         direction = (tags.get("direction") or params.get("direction") or "maximize").lower()
         read_at = _int_tag(params, "read_at", run.info.run_name or run_id)
         found = _search(client, exp_id, f"tags.kind = 'trial' and tags.mlflow.parentRunId = '{run_id}'")
         trials = [_trial(client, t, read_at) for t in found]
-        sweeps.append(Sweep(run_id, run.info.run_name or run_id, direction, trials))
+        sweeps.append(Sweep(run_id, run.info.run_name or run_id, direction, trials, tags.get(STUDY_TAG)))
+    _left_out(notes, pair, left_out, "sweeps")
     return sweeps
 
 

@@ -1,0 +1,102 @@
+"""``commrl report --only``: a pipeline's report reads the runs its files name, not a newer one-off run of
+the same condition and seed in the same store (a real sqlite MLflow store, the runs' real summary files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import train_run
+
+from commrl import tracking
+from commrl.report import ReportInputError, build_report
+from commrl.report.runs import load_pair
+from commrl.report.selection import RunSelection
+from commrl.run.summary import RunSummary
+
+SCORE = {t: 0.3 + 0.01 * t for t in range(0, 21, 5)}
+
+
+def _summary(out: Path, run_id: str) -> Path:
+    summary = RunSummary("P", "method", 0, "local", 20, 20, run_id, None, 20, None)
+    return summary.write(out)
+
+
+def _eval(client, exp_id: str, parent: str, value: float, out: Path) -> Path:
+    run = client.create_run(
+        exp_id,
+        run_name="eval",
+        tags={"kind": "eval", "benchmark": "toy_greedy", "training_run_id": parent},
+    )
+    client.log_metric(run.info.run_id, "eval/toy_greedy/acc", value)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    out.write_text(json.dumps({"benchmark": "toy_greedy", "mlflow_run_id": run.info.run_id}))
+    return out
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Pair P: the pipeline's method seed 0 (score from 0.3) with its evaluation and sweep, then a one-off
+    run of the same condition and seed (another setting, score from 0.9), its evaluation and a sweep."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.init_store(tracking_uri=uri)
+    client = tracking.client(uri)
+    exp = tracking.ensure_experiment(tracking.experiment_name("P"), uri, client)
+    ours = train_run(client, exp, "P", "method", 0, {"score/mean": SCORE}, 20)
+    files = [_summary(tmp_path / "runs" / "method" / "seed0", ours)]
+    files.append(_eval(client, exp, ours, 0.5, tmp_path / "ours_eval.json"))
+    for study in ("P-study", "other-study"):
+        sweep = client.create_run(
+            exp, run_name=f"sweep/{study}", tags={"kind": "sweep", "optuna.study": study}
+        )
+        client.set_terminated(sweep.info.run_id, "FINISHED")
+    sweep_dir = tmp_path / "sweep" / "summary"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / "best_params.json").write_text(json.dumps({"study": "P-study", "pair": "P"}))
+    files.append(sweep_dir)
+    theirs = train_run(
+        client, exp, "P", "method", 0, {"score/mean": {t: v + 0.6 for t, v in SCORE.items()}}, 20
+    )
+    _eval(client, exp, theirs, 0.9, tmp_path / "their_eval.json")
+    return uri, files, ours, theirs
+
+
+def test_the_selected_runs_are_read_and_a_newer_one_off_run_is_left_out(store):
+    uri, files, ours, theirs = store
+    everything = load_pair("P", uri)
+    assert [r.run_id for r in everything.train] == [theirs]  # without --only: the newest wins
+    only = RunSelection.from_paths(files)
+    selected = load_pair("P", uri, only)
+    assert [r.run_id for r in selected.train] == [ours]
+    assert selected.train[0].metrics["score/mean"].values[0] == pytest.approx(0.3)
+    assert [(e.training_run_id, e.metrics) for e in selected.evals] == [(ours, {"acc": 0.5})]
+    assert [s.study for s in selected.sweeps] == ["P-study"]
+    assert "P: 1 training runs in the store left out: not among the runs of --only" in selected.notes
+    assert "P: 1 sweeps in the store left out: not among the runs of --only" in selected.notes
+    assert not any("dropped: a newer run" in n for n in selected.notes)
+
+
+def test_a_run_folder_names_its_run_and_bad_paths_are_refused_with_the_fix(store, tmp_path):
+    _, files, ours, _ = store
+    assert RunSelection.from_paths([files[0].parent]).train == {ours}
+    with pytest.raises(ReportInputError, match=r"nowhere\.json does not exist; run the rule that writes it"):
+        RunSelection.from_paths([tmp_path / "nowhere.json"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReportInputError, match=r"neither a training summary\.json"):
+        RunSelection.from_paths([tmp_path / "empty"])
+    (tmp_path / "toy_greedy.results.json").write_text(json.dumps({"results": {}}))
+    with pytest.raises(ReportInputError, match=r"results\.json is neither a training summary\.json"):
+        RunSelection.from_paths([tmp_path / "toy_greedy.results.json"])
+    unlogged = tmp_path / "unlogged.json"
+    unlogged.write_text(json.dumps({"benchmark": "toy_greedy", "mlflow_run_id": None}))
+    with pytest.raises(ReportInputError, match="has no mlflow_run_id"):
+        RunSelection.from_paths([unlogged])
+
+
+def test_a_selected_run_missing_from_the_store_stops_the_report(store, tmp_path):
+    uri, files, _, _ = store
+    gone = _summary(tmp_path / "runs" / "gone", "0123456789abcdef")
+    only = RunSelection.from_paths([*files, gone])
+    with pytest.raises(ReportInputError, match=r"not in the MLflow store: .*gone/summary.json names 0123"):
+        build_report(["P"], tmp_path / "report", tracking_uri=uri, only=only)
