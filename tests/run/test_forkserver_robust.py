@@ -84,7 +84,7 @@ def test_signals_the_client_ignores_are_ignored_by_its_job(server, tmp_path):
     client = _long_job(server.env(), tmp_path / "out", preexec_fn=_ignore_hup_and_usr1)
     (fork,) = _wait_for_fork(server)
     time.sleep(0.5)
-    for pid in (client.pid, fork):  # to the client (not forwarded) and to the job itself (ignored)
+    for pid in (client.pid, fork):  # to the client (forwarded) and to the job itself: ignored by the job
         for signum in (signal.SIGHUP, signal.SIGUSR1):
             os.kill(pid, signum)
     _, err = client.communicate(timeout=120)
@@ -272,3 +272,39 @@ def test_a_failed_fork_runs_the_job_in_its_clients_process_and_the_server_serves
     finally:
         proc.terminate()
     assert proc.wait(timeout=30) == 0
+
+
+FORWARD_IGNORED = """
+import os, signal, subprocess, sys, time
+from commrl.run import forkserver
+
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the workflow's wrapper: the client inherits SIG_IGN
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+time.sleep(1.0)  # the child's handler is installed
+forkserver._forward_signals(child.pid)
+os.kill(os.getpid(), signal.SIGUSR1)
+sys.exit(child.wait(timeout=30))
+"""
+HANDLES_USR1 = """
+import signal, sys, time
+from pathlib import Path
+
+def handle(signum, frame):
+    Path(sys.argv[1]).write_text("usr1")
+    sys.exit(0)
+
+signal.signal(signal.SIGUSR1, handle)
+time.sleep(30)
+sys.exit(3)
+"""
+
+
+def test_a_signal_the_client_ignores_still_reaches_a_job_that_handles_it(tmp_path):
+    """The trainer's preemption handler takes SIGUSR1 (``kill -USR1``: checkpoint and stop) although the
+    workflow's wrapper, and so the client, ignores it: the client forwards it all the same."""
+    mark = tmp_path / "usr1"
+    done = subprocess.run(
+        [sys.executable, "-c", FORWARD_IGNORED, HANDLES_USR1, str(mark)], timeout=60, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert mark.read_text() == "usr1"

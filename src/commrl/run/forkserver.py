@@ -209,14 +209,15 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, sign
 
 
 def _forward_signals(pid: int) -> dict[int, object]:
-    """Forward the ``FORWARDED`` signals this process does not ignore to ``pid``; the previous handlers."""
+    """Forward the ``FORWARDED`` signals to ``pid``; the previous handlers. Also those this process ignores:
+    the fork ignores them too (``_run_job``) unless its job handles one, as in its own process (the
+    workflow's wrapper ignores SIGUSR1, and the trainer's preemption handler takes it)."""
 
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
 
-    ignored = set(ignored_signals())
-    return {signum: signal.signal(signum, forward) for signum in FORWARDED if signum not in ignored}
+    return {signum: signal.signal(signum, forward) for signum in FORWARDED}
 
 
 def _valid_or_null(fd: int) -> int:
