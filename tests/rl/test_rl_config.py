@@ -97,6 +97,13 @@ def test_bad_values_name_the_field(override, field):
         load_train_config([override])
 
 
+def test_a_stale_sampler_on_the_trainers_codec_is_refused():
+    """The weight history has no codec bases: a stale sampler would pair old weights with the live codec."""
+    with pytest.raises(ConfigError, match=r"sampler\.codec=same with rl\.staleness=1 is not supported"):
+        load_train_config(["condition=method_same_sampler", "rl.staleness=1"])
+    assert load_train_config(["condition=method_same_sampler"]).sampler.codec == "same"
+
+
 def test_method_values_are_checked_by_the_method_config():
     raw = compose_train_config(["method.alpha=1.5"])
     with pytest.raises(ConfigError, match="alpha"):

@@ -211,6 +211,12 @@ class TrainConfig:
         _range("threads", self.threads, 0, None)
         for part in (self.model, self.data, self.sampler, self.rl, self.checkpoint, self.health):
             part.validate()
+        if self.sampler.codec == "same" and self.rl.staleness > 0:
+            raise ConfigError(
+                f"sampler.codec=same with rl.staleness={self.rl.staleness} is not supported: the weight "
+                "history keeps the weights of each tick but not the codec's bases, so a stale sampler would "
+                "run the live codec on old weights; set rl.staleness=0 or sampler.codec=none"
+            )
         self.method_config()
 
     def method_config(self, hidden_size: int | None = None):

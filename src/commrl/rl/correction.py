@@ -9,8 +9,9 @@ keeps those key names, so one YAML block works for both drivers, and calls verl'
 
 - token TIS: ``w_t = min(r_t, C)`` (``rollout_is: token``, ``rollout_is_threshold: C``);
 - IcePop: ``w_t = r_t`` inside ``[lo, hi]``, else 0 (``rollout_is_threshold: "lo_hi"``);
-- rejection (e.g. ``rollout_rs: seq_mean_k1``: the sequence's geometric-mean ratio
-  ``exp(mean_t log r_t)`` outside ``[lo, hi]`` masks the whole sequence).
+- rejection (e.g. ``rollout_rs: seq_mean_k1``: verl bounds ``k1 = mean_t (-log r_t)`` by
+  ``[log lo, log hi]``, so a sequence whose geometric-mean ratio ``exp(mean_t log r_t)`` leaves
+  ``[1/hi, 1/lo]`` is masked whole; the same band as ``[lo, hi]`` when it is symmetric, ``lo = 1/hi``).
 
 ``bypass_mode`` is not a key here: it is ``rl.behaviour_logprobs: sampler`` (the clipped objective's ``old``
 is the sampler's log-probs), and the verl driver sets verl's ``bypass_mode`` from it.
