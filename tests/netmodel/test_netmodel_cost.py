@@ -1,8 +1,11 @@
 """The network cost model against hand computations: the collectives, the layout mapping of the ledger's
-channels, the pipelined stage boundaries and their limits, the largest stage's weight update, the two
-overlap bounds, the crossover, zero bytes, and pair A's analytic inputs."""
+channels, the pipelined stage boundaries and their limits, the largest stage's weight update, FSDP's update
+(reduce-scatter or all-reduce, then the parameters all-gathered), the two overlap bounds, the crossover, zero
+bytes, and pair A's analytic inputs."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -56,7 +59,7 @@ def test_point_to_point_and_the_layout_mapping():
     largest = comm_time(ChannelBytes(0, 0, 4e9, 2, stage_weights=1.5e9), layout, IB100)
     assert largest.weights == pytest.approx(2e-6 + 1.5e9 / 12.5e9, rel=1e-12)
     rs_ag = comm_time(ChannelBytes(0, 0, 4e9, 2), Layout(4, 2, 28, "rs_ag"), IB100)
-    assert rs_ag.weights == pytest.approx(t.weights, rel=1e-12)  # the same cost as the ring all-reduce
+    assert rs_ag.weights == pytest.approx(t.weights, rel=1e-12)  # a dense update: the ring all-reduce's cost
     single = comm_time(ChannelBytes(1e9, 1e6, 4e9, 2), Layout(stages=1, dp=2, points=28), IB100)
     assert single.activations == 0.0 and single.basis == 0.0
 
@@ -103,6 +106,62 @@ def test_weight_update_is_set_by_the_largest_stage():
     inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=3, stages=4)["dense"]
     t = inputs.comm(Layout(4, 8, 28, "rs_ag"), IB100).weights
     assert t[0] == pytest.approx(2 * (7e-6 + 7 / 8 * 4 * 560_960_000 / 12.5e9), rel=1e-12)
+
+
+def test_rs_ag_all_reduces_a_compressed_update_and_gathers_the_parameters_dense():
+    """FSDP (``rs_ag``) on 4 stages x 2 replicas, 1e9 parameter bytes a stage: a dense update (W = P) is
+    reduce-scattered and the parameters all-gathered, 2 (1 us + 1/2 * 1e9 / 12.5e9 s); a compressed one
+    (W = 1e8 a stage < P) is ring all-reduced, 2 us + 1e8 / 12.5e9 s, then the parameters all-gathered,
+    1 us + 1/2 * 1e9 / 12.5e9 s; DDP (``allreduce``) sends no parameters; given stage shares set both."""
+    fsdp, ddp = Layout(4, 2, 28, "rs_ag"), Layout(4, 2, 28, "allreduce")
+    dense = comm_time(ChannelBytes(0, 0, 4e9, 2, params=4e9), fsdp, IB100).weights
+    assert dense == pytest.approx(2 * (1e-6 + 0.5 * 1e9 / 12.5e9), rel=1e-12)
+    compressed = ChannelBytes(0, 0, 4e8, 2, params=4e9)
+    gather = 1e-6 + 0.5 * 1e9 / 12.5e9
+    assert comm_time(compressed, fsdp, IB100).weights == pytest.approx(
+        2e-6 + 1e8 / 12.5e9 + gather, rel=1e-12
+    )
+    assert comm_time(compressed, ddp, IB100).weights == pytest.approx(2e-6 + 1e8 / 12.5e9, rel=1e-12)
+    per_tick = ChannelBytes(0, 0, np.array([4e9, 4e8]), 2, params=np.array([4e9, 4e9]))
+    assert comm_time(per_tick, fsdp, IB100).weights.tolist() == pytest.approx(
+        [dense, 2e-6 + 1e8 / 12.5e9 + gather], rel=1e-12
+    )
+    shares = ChannelBytes(0, 0, 4e8, 2, stage_weights=2e8, params=4e9, stage_params=1.5e9)
+    expected = 2e-6 + 2e8 / 12.5e9 + 1e-6 + 0.5 * 1.5e9 / 12.5e9
+    assert comm_time(shares, fsdp, IB100).weights == pytest.approx(expected, rel=1e-12)
+
+
+def test_pair_a_method_under_rs_ag_gathers_the_dense_parameters():
+    """Pair A on 4 stages x 8 replicas, FSDP: a fast tick ring-all-reduces the last stage's PowerSGD factors,
+    4 x 34,070,144 bytes, 2 x 7 latencies + 7/4 of the bytes, and all-gathers its parameters, 4 x
+    560,960,000 bytes, 7 latencies + 7/8 of the bytes; a fire tick updates dense, as dense does:
+    reduce-scatter and all-gather of the parameters' bytes, 2 x (7 latencies + 7/8 of them)."""
+    cfg = load_config(config_dir() / "pair_A.yaml")
+    assert cfg.layout.collective == "rs_ag"
+    inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=21, stages=4)
+    method, dense = inputs["method"], inputs["dense"]
+    t = method.comm(cfg.layout, IB100).weights
+    factors, params = 4 * 34_070_144, 4 * 560_960_000
+    assert t[1] == pytest.approx(21e-6 + (7 / 4 * factors + 7 / 8 * params) / 12.5e9, rel=1e-12)
+    dense_update = 14e-6 + 2 * 7 / 8 * params / 12.5e9
+    assert t[0] == pytest.approx(dense_update, rel=1e-12) and t[20] == t[0]
+    assert np.all(dense.comm(cfg.layout, IB100).weights == t[0])
+    ddp = replace(cfg.layout, collective="allreduce")
+    assert method.comm(ddp, IB100).weights[1] == pytest.approx(14e-6 + 7 / 4 * factors / 12.5e9, rel=1e-12)
+
+
+def test_a_fire_tick_of_the_engine_updates_every_mini_batch_dense():
+    """With two mini-batches a tick verl's engine logs two dense updates on a fire tick (the replay of the
+    first, the second updated dense), as dense does every tick; the local driver's ledger formula
+    (``analytic_tick_bytes``' default) one, its replay of the whole batch."""
+    spec = replace(load_config(config_dir() / "pair_A.yaml").analytic, updates_per_tick=2)
+    inputs = analytic_inputs(spec, Compute(None), ticks=2, stages=4)
+    one_update = pair_a_summary().dense_weights
+    assert inputs["method"].weights[0] == inputs["dense"].weights[0] == 2 * one_update
+    assert inputs["method"].weights[1] == 2 * pair_a_summary().fast_weights
+    assert spec.stage_weight_bytes(4)["fire"] == 2 * 4 * 560_960_000
+    assert inputs["method"].stage_weights[0] == inputs["dense"].stage_weights[0]
+    assert pair_a_summary(updates_per_tick=2).fire_weights == one_update
 
 
 def test_overlap_bounds():
@@ -187,3 +246,6 @@ def test_a_runs_traversals_follow_its_fire_ticks():
     assert note is None and inputs is not None
     assert inputs.steps.tolist() == [1, 2, 3] and inputs.passes.tolist() == [4, 3, 4]
     assert inputs.activations.tolist() == [8, 5, 8] and inputs.basis.tolist() == [2, 0, 2]
+    assert inputs.params is None  # no dense run's parameters: the updates are dense
+    gathered, _ = run_inputs(None, run, {"fast": 3, "fire": 4}, params=10.0)
+    assert gathered is not None and gathered.params.tolist() == [4, 10, 4]  # a fire's own dense update

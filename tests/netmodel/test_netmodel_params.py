@@ -84,6 +84,59 @@ def test_config_errors_name_the_file_and_key(tmp_path):
         load_config(bad)
 
 
+def pair_a_with(tmp_path, old: str, new: str):
+    """configs/netmodel/pair_A.yaml with the line starting ``old`` replaced by ``new``, in ``tmp_path``."""
+    from commrl.netmodel.config import config_dir
+
+    lines = (config_dir() / "pair_A.yaml").read_text().splitlines()
+    hits = [i for i, line in enumerate(lines) if line.startswith(old)]
+    assert len(hits) == 1, old
+    lines[hits[0]] = new
+    path = tmp_path / "pair_x.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("  updates_per_tick: 0", "analytic.updates_per_tick=0 must be an integer >= 1"),
+        ("  updates_per_tick: 2.5", "analytic.updates_per_tick=2.5 must be an integer >= 1"),
+        ("  updates_per_tick: -2", "analytic.updates_per_tick=-2 must be an integer >= 1"),
+        ("  min_compression_rate: -1", "analytic.min_compression_rate=-1 must be a finite number > 0"),
+        ("  min_compression_rate: 0", "analytic.min_compression_rate=0 must be a finite number > 0"),
+        ("  min_compression_rate: .nan", "analytic.min_compression_rate=nan must be a finite number > 0"),
+    ],
+)
+def test_analytic_values_out_of_range_are_refused_naming_the_key_and_file(line, message, tmp_path, capsys):
+    key = line.split(":")[0]
+    path = pair_a_with(tmp_path, key + ":", line)
+    with pytest.raises(NetModelError, match=rf"pair_x.yaml: {message}") as err:
+        load_config(path)
+    assert err.value.field == f"analytic.{key.strip()}"
+    uri = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["netmodel", "--pair", "A", "--config", str(path), "--tracking-uri", uri]) == 2
+    assert f"pair_x.yaml: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("  low_gbps: 0", "sweep.low_gbps=0 is invalid: a finite bandwidth > 0 Gbit/s"),
+        ("  high_gbps: .inf", "sweep.high_gbps=inf is invalid: a finite bandwidth > 0 Gbit/s"),
+        ("  latency_us: -1", "sweep.latency_us=-1 is invalid: a finite latency >= 0"),
+        ('  tolerance: "x"', "sweep.tolerance='x' must be in [0, 1)"),
+    ],
+)
+def test_sweep_values_are_refused_naming_the_sweeps_key(line, message, tmp_path, capsys):
+    path = pair_a_with(tmp_path, line.split(":")[0] + ":", line)
+    uri = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["netmodel", "--pair", "A", "--config", str(path), "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert f"pair_x.yaml: {message}" in err
+    assert "--bandwidth-gbps" not in err and "--latency-us" not in err  # the config's key, not an option
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

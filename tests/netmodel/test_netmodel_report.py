@@ -96,6 +96,27 @@ def test_time_to_target_from_the_analytic_ledger(built):
     assert "source: test" in section.summary and "analytic ledger" in section.summary
 
 
+def test_rs_ag_gathers_the_dense_runs_parameters_after_the_methods_update(net_store_uri, runs_config, series):
+    """``bytes: runs`` under FSDP (``rs_ag``): the method's 2e7 update bytes a tick (5 stages, 2 replicas)
+    are ring-all-reduced, 2 latencies + 2e7 / 5 / beta, and the parameters all-gathered dense, dense's 2e8
+    update bytes a tick, 1 latency + 1/2 x 2e8 / 5 / beta; dense reduce-scatters and all-gathers its own."""
+    import numpy as np
+
+    from commrl.netmodel import pair_inputs
+
+    pi = pair_inputs(load_config(runs_config).with_overrides(collective="rs_ag"), net_store_uri)
+    dense_w, method_w = series.NETWORK_BYTES["dense"][1], series.NETWORK_BYTES["method"][1]
+    link = named_link("1GbE")
+    for seed, method in pi.ticks["method"].items():
+        assert np.all(method.params == dense_w), seed
+        t = method.comm(pi.layout, link).weights
+        assert np.allclose(t, 2 * ALPHA + method_w / 5 / BETA + ALPHA + dense_w / 10 / BETA, rtol=1e-12)
+    for dense in pi.ticks["dense"].values():
+        assert dense.params is None
+        t = dense.comm(pi.layout, link).weights
+        assert np.allclose(t, 2 * (ALPHA + dense_w / 10 / BETA), rtol=1e-12)
+
+
 def test_the_command_reads_the_store(net_store_uri, runs_config, series, capsys):
     argv = ["netmodel", "--pair", "A", "--config", str(runs_config), "--tracking-uri", net_store_uri]
     assert main([*argv, "--link", "1GbE"]) == 0

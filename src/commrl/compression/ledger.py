@@ -166,6 +166,7 @@ def analytic_tick_bytes(
     grad_bytes: int = 4,
     min_compression_rate: float = 2.0,
     updates_per_tick: int = 1,
+    fire_updates: int = 1,
     codec: str = "lowrank",
     prf_keep: float | None = None,
     grad_codec: str = "powersgd",
@@ -179,9 +180,12 @@ def analytic_tick_bytes(
     A fast tick: every token goes forward and backward through ``P`` compression points, ``r`` (lowrank),
     ``p * d`` (prf_mask) or ``d`` (identity) elements per token each way, and ``updates_per_tick`` weight
     updates (PowerSGD ``(m + n) * rank`` per compressible matrix, dense otherwise). A fire tick: the dense
-    replay (``d`` per token each way), one dense weight update and the basis refresh ``P * d * r``
-    (lowrank only). ``act_bytes`` / ``grad_bytes`` are the element sizes (bf16 activations, fp32 reduced
-    gradients by default). Extra forward-only passes (old/ref log-probs) are not counted here.
+    replay (``d`` per token each way), ``fire_updates`` dense weight updates and the basis refresh
+    ``P * d * r`` (lowrank only): one update for the local driver (``commrl.rl.trainer``: the replay of the
+    whole batch, one optimizer step), ``updates_per_tick`` for verl's engine (``commrl.verl_ext.engine``:
+    the replay of the first mini-batch, the later mini-batches updated dense). ``act_bytes`` /
+    ``grad_bytes`` are the element sizes (bf16 activations, fp32 reduced gradients by default). Extra
+    forward-only passes (old/ref log-probs) are not counted here.
     """
     grad_rank = rank if grad_rank is None else grad_rank
     n_points = len(compression_layers(layers, points))
@@ -204,7 +208,7 @@ def analytic_tick_bytes(
         fast_weights=updates_per_tick * fast_w,
         fire_activations=dense_act,
         fire_basis=basis,
-        fire_weights=dense_w,
+        fire_weights=fire_updates * dense_w,
         dense_activations=dense_act,
         dense_weights=updates_per_tick * dense_w,
         cadence=cadence,

@@ -1,7 +1,8 @@
 """From bytes to seconds: a network cost model of one training tick (issue 17).
 
 ``cost``: the alpha-beta cost of each channel of the byte ledger (stage boundaries point to point, weight
-updates by ring all-reduce or reduce-scatter + all-gather, basis refresh) and the tick's two overlap bounds;
+updates by ring all-reduce (DDP) or, FSDP, reduce-scatter (compressed updates: all-reduce) + all-gather of
+the parameters, basis refresh) and the tick's two overlap bounds;
 ``links``: named interconnects with their sources, links of one's own, the pipeline x data-parallel layout;
 ``inputs``: bytes and compute per tick from tracked runs (MLflow) or the analytic ledger; ``target``: time to
 a target validation accuracy; ``analysis``: a pair at each link (tick times, speed-ups, crossover

@@ -16,7 +16,7 @@ import numpy as np
 
 from commrl.netmodel.cost import Crossover, crossover_bandwidth
 from commrl.netmodel.inputs import TickInputs
-from commrl.netmodel.links import Layout, Link, NetModelError
+from commrl.netmodel.links import Layout, Link, NetModelError, finite_number, invalid
 from commrl.netmodel.target import Reach, Target, dense_target, first_reach, time_to_target
 from commrl.report.runs import Series
 from commrl.report.stats import Interval, mean_interval, ratio_interval
@@ -37,13 +37,18 @@ class Sweep:
     tolerance: float = 0.01
 
     def __post_init__(self) -> None:
-        Link("sweep", self.low_gbps, self.latency_us)  # validates bandwidth and latency
+        for key in ("low_gbps", "high_gbps"):
+            value = getattr(self, key)
+            if not finite_number(value) or value <= 0:
+                raise invalid(f"sweep.{key}", value, "a finite bandwidth > 0 Gbit/s", "e.g. 0.1 or 400")
+        if not finite_number(self.latency_us) or self.latency_us < 0:
+            raise invalid("sweep.latency_us", self.latency_us, "a finite latency >= 0 us/message", "e.g. 5")
         if not self.low_gbps < self.high_gbps:
             raise NetModelError(
                 "sweep.high_gbps",
                 f"sweep.high_gbps={self.high_gbps!r} must exceed sweep.low_gbps={self.low_gbps!r}",
             )
-        if not 0 <= self.tolerance < 1:
+        if not finite_number(self.tolerance) or not 0 <= self.tolerance < 1:
             raise NetModelError("sweep.tolerance", f"sweep.tolerance={self.tolerance!r} must be in [0, 1)")
 
     def bandwidths(self, n: int = 120) -> np.ndarray:

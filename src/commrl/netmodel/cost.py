@@ -19,7 +19,10 @@ micro-batches per pass and replica:
   ``m + S - 2`` transfers of ``A_k / (P D m)`` bytes on its critical path;
 - basis refresh: each boundary's ``d * r`` basis, ``R / P`` bytes, one message, boundaries concurrently;
 - weights: each stage reduces its own parameters' share across the ``D`` replicas, stages concurrently,
-  so the largest stage's share sets the time: ring all-reduce, or reduce-scatter then all-gather;
+  so the largest stage's share sets the time (``links.COLLECTIVES``): ``allreduce`` (DDP) ring all-reduces
+  the update; ``rs_ag`` (FSDP) reduce-scatters dense gradients, ring all-reduces compressed ones
+  (PowerSGD's factors), then all-gathers the parameters, dense at the parameters' bytes ``P`` (the dense
+  update of the tick: the parameter count at its element size, per optimizer step);
 - channels run one after the other (activations during the passes, the update after them).
 
 Compute time is an input, not modelled. ``train_s`` is the trainer's compute that communication can hide
@@ -86,29 +89,42 @@ def basis_time(nbytes: Value, layout: Layout, link: Link) -> Value:
     return p2p_time(nbytes / layout.points, link, messages=1)
 
 
-def weight_time(share: Value, layout: Layout, link: Link) -> Value:
-    """Weight update: the largest stage's share ``W_s`` across the ``D`` replicas (stages concurrently);
-    ``allreduce``: ``t = ring_allreduce(W_s, D)``, ``rs_ag``: ``t = reduce_scatter(W_s, D) +
-    all_gather(W_s, D)`` (the same bandwidth term, ``2 (D - 1) / D * W_s / beta``)."""
+def weight_time(share: Value, layout: Layout, link: Link, params: Value | None = None) -> Value:
+    """Weight update: the largest stage's share ``W_s`` of the update and ``P_s`` of the parameters (None:
+    ``W_s``, a dense update) across the ``D`` replicas (stages concurrently). ``allreduce`` (DDP):
+    ``t = ring_allreduce(W_s, D)``. ``rs_ag`` (FSDP): ``t = reduce_scatter(W_s, D) + all_gather(P_s, D)``
+    for dense gradients (``W_s = P_s``), ``t = ring_allreduce(W_s, D) + all_gather(P_s, D)`` for a
+    compressed update (``W_s < P_s``: PowerSGD's factors are all-reduced, the parameters gathered dense)."""
     if layout.collective == "allreduce":
         return ring_allreduce_time(share, layout.dp, link)
-    return reduce_scatter_time(share, layout.dp, link) + all_gather_time(share, layout.dp, link)
+    params = share if params is None else params
+    reduce = np.where(
+        np.asarray(share) < params,
+        ring_allreduce_time(share, layout.dp, link),
+        reduce_scatter_time(share, layout.dp, link),
+    )
+    return reduce + all_gather_time(params, layout.dp, link)
 
 
 @dataclass(frozen=True)
 class ChannelBytes:
     """A tick's bytes per channel as the ledger counts them (model-level; scalars or one per tick);
     ``passes``: the boundary traversals ``n`` that carry ``activations``; ``stage_weights``: the largest
-    pipeline stage's share of ``weights`` (None: ``W / S``, parameters spread evenly over the stages)."""
+    pipeline stage's share of ``weights`` (None: ``W / S``, parameters spread evenly over the stages);
+    ``params``: the parameter bytes ``rs_ag`` all-gathers after the tick's updates, the tick's updates
+    sent dense (None: ``weights``, the update is dense); ``stage_params``: the largest stage's share of
+    them (None: ``params / S``)."""
 
     activations: Value
     basis: Value
     weights: Value
     passes: Value
     stage_weights: Value | None = None
+    params: Value | None = None
+    stage_params: Value | None = None
 
     def __post_init__(self) -> None:
-        for field in ("activations", "basis", "weights", "passes", "stage_weights"):
+        for field in ("activations", "basis", "weights", "passes", "stage_weights", "params", "stage_params"):
             if getattr(self, field) is None:
                 continue
             values = np.asarray(getattr(self, field), dtype=np.float64)
@@ -135,12 +151,15 @@ class CommTime:
 
 def comm_time(nbytes: ChannelBytes, layout: Layout, link: Link) -> CommTime:
     """``t_comm = t_act + t_basis + t_weights`` (``activation_time``, ``basis_time``, ``weight_time`` of
-    ``stage_weights``, else of ``W / S``)."""
+    ``stage_weights``, else ``W / S``, and of ``stage_params``, else ``P / S``, else the weights')."""
     share = nbytes.weights / layout.stages if nbytes.stage_weights is None else nbytes.stage_weights
+    params = nbytes.stage_params
+    if params is None and nbytes.params is not None:
+        params = nbytes.params / layout.stages
     return CommTime(
         activation_time(nbytes.activations, nbytes.passes, layout, link),
         basis_time(nbytes.basis, layout, link),
-        weight_time(share, layout, link),
+        weight_time(share, layout, link, params),
     )
 
 

@@ -4,7 +4,8 @@ analytic ledger.
 - ``measured_inputs``: a pair's training runs in MLflow (read through ``commrl.report.runs``): per tick
   ``comm/bytes_activations - comm/bytes_basis_refresh`` (activations, every counted pass),
   ``comm/bytes_basis_refresh``, ``comm/bytes_weights`` and the measured ``time/train_s``, ``time/sample_s``;
-  the boundary traversals per tick from the config's ``passes`` and the run's ``anchor/fire``.
+  the boundary traversals per tick from the config's ``passes`` and the run's ``anchor/fire``; the
+  parameters ``rs_ag`` all-gathers, the dense condition's ``comm/bytes_weights`` (the same updates, dense).
   Step ``s`` is the tick that produced the model validated at step ``s`` (``val/acc``, step 0 = the base).
 - ``analytic_inputs``: for a model shape, the weight updates and basis refresh of ``analytic_tick_bytes``
   (``commrl.compression.ledger``), the activations of every pass verl's engine counts (``engine_passes``),
@@ -25,7 +26,7 @@ from commrl import tracking
 from commrl.compression.config import POINTS, compression_layers
 from commrl.compression.ledger import AnalyticBytes, analytic_tick_bytes, weight_update_elements
 from commrl.netmodel.cost import ChannelBytes, CommTime, comm_time, tick_time
-from commrl.netmodel.links import Layout, Link, NetModelError
+from commrl.netmodel.links import Layout, Link, NetModelError, finite_number
 from commrl.report.runs import PairRuns, Series, TrainRun
 
 ACTIVATIONS, BASIS, WEIGHTS = "comm/bytes_activations", "comm/bytes_basis_refresh", "comm/bytes_weights"
@@ -38,7 +39,9 @@ OPTIONAL_METRICS = (BASIS, FIRE)  # missing: 0 (no basis refresh, no fire)
 class TickInputs:
     """Per tick (``steps``, ascending, >= 1): bytes per channel, the boundary traversals ``passes`` that
     carry the activations, compute seconds, and optionally the largest pipeline stage's share of the weight
-    update (``stage_weights``; None: ``weights / S``) (equal-length arrays)."""
+    update (``stage_weights``; None: ``weights / S``), the parameter bytes ``rs_ag`` all-gathers after the
+    tick's updates (``params``; None: ``weights``, a dense update) and the largest stage's share of them
+    (``stage_params``; None: ``params / S``) (equal-length arrays; ``commrl.netmodel.cost.ChannelBytes``)."""
 
     steps: np.ndarray
     activations: np.ndarray
@@ -48,10 +51,13 @@ class TickInputs:
     sample_s: np.ndarray
     passes: np.ndarray
     stage_weights: np.ndarray | None = None
+    params: np.ndarray | None = None
+    stage_params: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.steps)
-        for field in ("activations", "basis", "weights", "train_s", "sample_s", "passes", "stage_weights"):
+        optional = ("stage_weights", "params", "stage_params")
+        for field in ("activations", "basis", "weights", "train_s", "sample_s", "passes", *optional):
             values = getattr(self, field)
             if values is None:
                 continue
@@ -65,7 +71,15 @@ class TickInputs:
 
     @property
     def bytes(self) -> ChannelBytes:
-        return ChannelBytes(self.activations, self.basis, self.weights, self.passes, self.stage_weights)
+        return ChannelBytes(
+            self.activations,
+            self.basis,
+            self.weights,
+            self.passes,
+            self.stage_weights,
+            self.params,
+            self.stage_params,
+        )
 
     def comm(self, layout: Layout, link: Link) -> CommTime:
         """Per tick ``comm_time`` (``commrl.netmodel.cost``)."""
@@ -88,11 +102,15 @@ def _on_steps(series: Series, steps: np.ndarray) -> np.ndarray:
     return series.values[np.searchsorted(series.steps, steps)]
 
 
-def run_inputs(client, run: TrainRun, passes: Mapping[str, int]) -> tuple[TickInputs | None, str | None]:
+def run_inputs(
+    client, run: TrainRun, passes: Mapping[str, int], params: float | None = None
+) -> tuple[TickInputs | None, str | None]:
     """One run's ``TickInputs`` on the steps >= 1 where all its metrics are logged
     (``comm/bytes_basis_refresh`` and ``anchor/fire`` missing count as 0); boundary traversals per tick
-    ``passes["fire"]`` where ``anchor/fire`` is set, else ``passes["fast"]``; ``(None, why)`` when the run
-    lacks a metric."""
+    ``passes["fire"]`` where ``anchor/fire`` is set, else ``passes["fast"]``; the parameter bytes all-gathered
+    per tick ``params`` (a dense run's update of a tick, ``dense_params``), where the anchor fires the
+    tick's own dense update (None: the run's updates are dense); ``(None, why)`` when the run lacks a
+    metric."""
     found = {key: _series(client, run, key) for key in TICK_METRICS}
     missing = [k for k, s in found.items() if s is None and k not in OPTIONAL_METRICS]
     if missing:
@@ -104,14 +122,16 @@ def run_inputs(client, run: TrainRun, passes: Mapping[str, int]) -> tuple[TickIn
     basis = _on_steps(found[BASIS], steps) if found[BASIS] is not None else np.zeros(len(steps))
     fire = _on_steps(found[FIRE], steps) > 0 if found[FIRE] is not None else np.zeros(len(steps), bool)
     activations = _on_steps(found[ACTIVATIONS], steps) - basis
+    weights = _on_steps(found[WEIGHTS], steps)
     inputs = TickInputs(
         steps,
         activations,
         basis,
-        _on_steps(found[WEIGHTS], steps),
+        weights,
         _on_steps(found[TRAIN_S], steps),
         _on_steps(found[SAMPLE_S], steps),
         np.where(fire, passes["fire"], passes["fast"]),
+        params=None if params is None else np.where(fire, weights, params),
     )
     return inputs, (None if found[BASIS] is not None else f"run {run.name}: no {BASIS}, counted as 0")
 
@@ -127,21 +147,44 @@ def store_client(tracking_uri: str | None):
     return tracking.client(uri)
 
 
+def dense_params(dense: Mapping[str, TickInputs]) -> tuple[float | None, str | None]:
+    """The parameter bytes a tick's updates all-gather: ``P = median`` of the dense runs' per-tick
+    ``comm/bytes_weights`` (their updates are dense: the parameter count at its element size, per update;
+    the same every tick and seed); a note when they differ; ``(None, None)`` without dense runs."""
+    values = np.concatenate([t.weights for t in dense.values()]) if dense else np.zeros(0)
+    if not len(values):
+        return None, None
+    note = None
+    if values.min() != values.max():
+        note = (
+            f"dense's comm/bytes_weights differ between ticks ({values.min():.6g}-{values.max():.6g}); "
+            "the median stands for the parameters rs_ag all-gathers"
+        )
+    return float(np.median(values)), note
+
+
 def measured_inputs(
     runs: PairRuns, conditions: Sequence[str], tracking_uri: str | None, passes: Mapping[str, int]
 ) -> tuple[dict[str, dict[str, TickInputs]], list[str]]:
     """``condition -> seed -> TickInputs`` of the pair's training runs (``run_inputs``), and notes on runs
-    left out."""
+    left out. The first condition is dense: its runs give the others' parameter bytes (``dense_params``)."""
     client = store_client(tracking_uri)
     found: dict[str, dict[str, TickInputs]] = {}
     notes: list[str] = []
-    for condition in conditions:
+
+    def read(condition: str, params: float | None) -> None:
         for run in runs.runs_of(condition):
-            inputs, note = run_inputs(client, run, passes)
+            inputs, note = run_inputs(client, run, passes, params)
             if note:
                 notes.append(f"{runs.pair}: {note}" + ("" if inputs else "; left out of the network model"))
             if inputs is not None:
                 found.setdefault(condition, {})[run.seed] = inputs
+
+    read(conditions[0], None)
+    params, note = dense_params(found.get(conditions[0], {}))
+    notes += [f"{runs.pair}: {note}"] if note else []
+    for condition in conditions[1:]:
+        read(condition, params)
     return found, notes
 
 
@@ -249,12 +292,14 @@ def engine_passes(hidden: int, rank: int) -> dict[str, tuple[int, ...]]:
     """Elements per token and compression point of each boundary traversal that verl's engine
     (``commrl.verl_ext.engine``) counts in one tick of pair A's resolved config (configs/verl/pair/A.yaml:
     old log-probs recomputed by the trainer, ``rl.behaviour_logprobs: trainer``; the KL loss's reference
-    pass through the actor's codec, ``method.kl_ref_forward: codec``; one mini-batch per tick), in order:
+    pass through the actor's codec, ``method.kl_ref_forward: codec``; one mini-batch per tick, and the same
+    traversals of all the tick's tokens over ``U`` mini-batches), in order:
 
     - ``fast``: the old-log-prob forward, the reference forward, the training forward and backward, ``r``
       each;
     - ``fire``: the old-log-prob and reference forwards ``r`` (the reference's dense twin is not counted), the
-      anchor's dense replay forward and backward ``d``;
+      anchor's dense replay forward and backward ``d`` (of the first mini-batch; the later ones' training
+      passes are dense, ``d``);
     - ``dense`` (identity codec): the same four traversals at ``d``.
     """
     return {"fast": (rank,) * 4, "fire": (rank, rank, hidden, hidden), "dense": (hidden,) * 4}
@@ -277,12 +322,28 @@ class AnalyticSpec:
     points: str = "all"
 
     def __post_init__(self) -> None:
-        for field in ("tokens_per_tick", "rank", "grad_rank", "cadence", "act_bytes", "grad_bytes"):
+        integers = (
+            "tokens_per_tick",
+            "rank",
+            "grad_rank",
+            "cadence",
+            "act_bytes",
+            "grad_bytes",
+            "updates_per_tick",
+        )
+        for field in integers:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise NetModelError(
                     f"analytic.{field}", f"analytic.{field}={value!r} must be an integer >= 1"
                 )
+        rate = self.min_compression_rate
+        if not finite_number(rate) or rate <= 0:
+            raise NetModelError(
+                "analytic.min_compression_rate",
+                f"analytic.min_compression_rate={rate!r} must be a finite number > 0 (PyTorch's PowerSGD "
+                "compresses a matrix when (m + n) r * rate < m n; its default is 2)",
+            )
         if self.rank >= self.model.hidden_size:
             raise NetModelError(
                 "analytic.rank",
@@ -310,7 +371,7 @@ class AnalyticSpec:
     def stage_weight_bytes(self, stages: int) -> dict[str, float]:
         """Per tick kind the largest stage's share of the weight update (``Qwen2Shape.stage_shapes``):
         ``b_g max_s sum_{p in s} e(p)``, ``e`` PowerSGD's elements on a fast tick and ``numel`` on dense's
-        (``updates_per_tick`` updates each) and on a fire tick (one dense update), as ``tick_bytes``."""
+        and on a fire tick, ``updates_per_tick`` updates each, as ``tick_bytes``."""
         per_stage = self.model.stage_shapes(stages)
 
         def largest(elements: Callable[[tuple[int, ...]], int]) -> float:
@@ -318,12 +379,16 @@ class AnalyticSpec:
 
         dense = largest(math.prod)
         fast = largest(lambda p: weight_update_elements(p, self.grad_rank, self.min_compression_rate)[0])
-        return {"fast": self.updates_per_tick * fast, "fire": dense, "dense": self.updates_per_tick * dense}
+        u = self.updates_per_tick
+        return {"fast": u * fast, "fire": u * dense, "dense": u * dense}
 
     def tick_bytes(self) -> AnalyticBytes:
-        """``analytic_tick_bytes`` of this shape and method (lowrank + PowerSGD + anchor, the method): its
-        weight updates and basis refresh; its activations count the training passes only
-        (``activation_bytes`` has every pass the engine counts)."""
+        """``analytic_tick_bytes`` of this shape and method (lowrank + PowerSGD + anchor, the method) as
+        verl's engine counts it: its weight updates and basis refresh; its activations count the training
+        passes only (``activation_bytes`` has every pass the engine counts). A fire tick logs
+        ``updates_per_tick`` dense updates: the engine (``commrl.verl_ext.engine``, ``train_batch``) replays
+        the first mini-batch dense and updates the later ones dense; the local driver (``commrl.rl.trainer``)
+        replays the whole batch as one dense update, ``analytic_tick_bytes``' default ``fire_updates=1``."""
         return analytic_tick_bytes(
             self.model.hidden_size,
             self.model.num_hidden_layers,
@@ -336,6 +401,7 @@ class AnalyticSpec:
             grad_bytes=self.grad_bytes,
             min_compression_rate=self.min_compression_rate,
             updates_per_tick=self.updates_per_tick,
+            fire_updates=self.updates_per_tick,
             points=self.points,
         )
 
@@ -389,7 +455,8 @@ def analytic_inputs(spec: AnalyticSpec, compute: Compute, ticks: int, stages: in
     ``t = s - 1`` is an anchor fire when ``t % K == 0`` (with the basis refresh), else a fast tick.
     Activations and their traversals from ``spec.activation_bytes()`` and ``spec.passes()``, weights and the
     basis from ``spec.tick_bytes()``, the largest of ``stages`` stages' share of the weights from
-    ``spec.stage_weight_bytes(stages)``. Compute seconds are constant per tick (0 where unknown)."""
+    ``spec.stage_weight_bytes(stages)``; the parameters ``rs_ag`` all-gathers, the dense updates' bytes
+    every tick (the method's fire tick is dense). Compute seconds are constant per tick (0 where unknown)."""
     b, act, share = spec.tick_bytes(), spec.activation_bytes(), spec.stage_weight_bytes(stages)
     passes = {kind: len(p) for kind, p in spec.passes().items()}
     steps = np.arange(1, ticks + 1, dtype=np.int64)
@@ -420,5 +487,7 @@ def analytic_inputs(spec: AnalyticSpec, compute: Compute, ticks: int, stages: in
         sample,
         np.where(fire, passes["fire"], passes["fast"]),
         per_tick(share),
+        np.full(ticks, b.dense_weights),
+        np.full(ticks, share["dense"]),
     )
     return {"dense": dense, "method": compressed}

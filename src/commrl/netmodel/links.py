@@ -15,7 +15,14 @@ from typing import Any
 from commrl.errors import ConfigError
 
 BITS_PER_BYTE = 8
-COLLECTIVES = ("allreduce", "rs_ag")  # ring all-reduce, or reduce-scatter + all-gather (FSDP's pattern)
+# How the weight update crosses the data-parallel replicas (commrl.netmodel.cost.weight_time):
+# - allreduce: DDP. Every update, dense gradients or PowerSGD's factors, is ring all-reduced; parameters are
+#   replicated, so none are sent.
+# - rs_ag: FSDP / ZeRO-3. Each replica keeps a shard of the parameters: dense gradients are reduce-scattered
+#   and the updated parameters all-gathered (dense: the gradient compressor leaves them alone). PowerSGD's
+#   factors cannot be reduce-scattered (P = M Q must be summed whole before it is orthogonalised), so a
+#   compressed update is ring all-reduced, then the parameters all-gathered.
+COLLECTIVES = ("allreduce", "rs_ag")
 
 
 class NetModelError(ConfigError):
@@ -32,7 +39,8 @@ def invalid(field: str, value: Any, allowed: str, fix: str) -> NetModelError:
     return NetModelError(field, f"{field}={value!r} is invalid: {allowed}; {fix}")
 
 
-def _number(value: Any) -> bool:
+def finite_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -51,14 +59,14 @@ class Link:
     source: str = "user"
 
     def __post_init__(self) -> None:
-        if not _number(self.bandwidth_gbps) or self.bandwidth_gbps <= 0:
+        if not finite_number(self.bandwidth_gbps) or self.bandwidth_gbps <= 0:
             raise invalid(
                 "bandwidth_gbps",
                 self.bandwidth_gbps,
                 f"link {self.name!r} needs a finite bandwidth > 0 Gbit/s (per direction)",
                 "give a positive number, e.g. 25 for 25 Gbit/s",
             )
-        if not _number(self.latency_us) or self.latency_us < 0:
+        if not finite_number(self.latency_us) or self.latency_us < 0:
             raise invalid(
                 "latency_us",
                 self.latency_us,
@@ -143,11 +151,13 @@ def named_link(name: str) -> Link:
 @dataclass(frozen=True)
 class Layout:
     """Where the ledger's bytes travel: ``stages`` pipeline stages (``stages - 1`` boundary links),
-    ``dp`` data-parallel replicas of the pipeline, ``points`` the ledger's compression points (each a
-    possible boundary: ``L`` under ``method.points=all``, ``L - 1`` under ``boundaries``), the weight
-    update's collective (``allreduce``: ring all-reduce; ``rs_ag``: reduce-scatter then all-gather), and
-    ``micro_batches``, the micro-batches ``m`` each replica's tokens of one pass are split into (the
-    pipeline's schedule: ``commrl.netmodel.cost.activation_time``)."""
+        ``dp`` data-parallel replicas of the pipeline, ``points`` the ledger's compression points (each a
+        possible boundary: ``L`` under ``method.points=all``, ``L - 1`` under ``boundaries``), the weight
+        update's collective (``allreduce``: DDP, ring all-reduce of the update; ``rs_ag``: FSDP, the update
+    reduced, reduce-scatter for dense gradients and ring all-reduce for compressed ones, then the parameters
+    all-gathered: ``COLLECTIVES``), and
+        ``micro_batches``, the micro-batches ``m`` each replica's tokens of one pass are split into (the
+        pipeline's schedule: ``commrl.netmodel.cost.activation_time``)."""
 
     stages: int
     dp: int
@@ -179,7 +189,11 @@ class Layout:
         return self.stages - 1
 
     def describe(self) -> str:
-        collective = "ring all-reduce" if self.collective == "allreduce" else "reduce-scatter + all-gather"
+        collective = (
+            "ring all-reduce (DDP)"
+            if self.collective == "allreduce"
+            else "reduce-scatter (compressed updates: all-reduce), then all-gather of the parameters (FSDP)"
+        )
         return (
             f"{self.stages} pipeline stages ({self.boundaries} boundaries of {self.points} compression "
             f"points), {self.micro_batches} micro-batch{'es' if self.micro_batches != 1 else ''} per pass "

@@ -50,8 +50,10 @@ MODEL_GUIDE = (
     "m + S - 2 transfers on the critical path: (m + S - 2) / m * A / (P D) bytes and n (m + S - 2) "
     "latencies; the basis refresh sends R / P per boundary; each stage reduces its own parameters' share of "
     "the weight update across the D replicas, the largest share setting the time (W / S where the runs give "
-    "no model shape), ring all-reduce 2(D-1)/D * bytes + 2(D-1) latencies, or reduce-scatter and all-gather "
-    "(D-1)/D * bytes each. Channels run in turn. Bounds: no overlap, tick = sampling + training compute + "
+    "no model shape), by ring all-reduce, 2(D-1)/D * bytes + 2(D-1) latencies (DDP), or (FSDP) a "
+    "reduce-scatter of dense gradients, (D-1)/D * bytes + (D-1) latencies (compressed updates, PowerSGD's "
+    "factors: the ring all-reduce), then an all-gather of the parameters, dense, (D-1)/D * their bytes. "
+    "Channels run in turn. Bounds: no overlap, tick = sampling + training compute + "
     "communication; full overlap, tick = sampling + max(training compute, communication). Time to target: "
     "the modelled seconds of the ticks up to the first validation at or above the target."
 )
