@@ -14,6 +14,7 @@ TINY_CONDITIONS = (
 SEEDS = 3  # seeds [0, 1, 2] of every condition, both configs
 TINY_JOBS = {
     "init_store": 1,
+    "init_pair": 1,
     "prepare_toy": 1,
     "pretrain": 1,
     "train_local": TINY_CONDITIONS * SEEDS,
@@ -27,6 +28,7 @@ TINY_JOBS = {
 PAPER_RUNS = 2 * 7 * SEEDS  # pairs A and B x the six conditions of method.md §5 and anchor_only x seeds
 PAPER_JOBS = {
     "init_store": 1,
+    "init_pair": 2,  # one experiment (and stamp) per pair
     "prepare_math500": 1,
     "prepare_math": 1,
     "prepare_deepscaler": 1,
@@ -70,7 +72,8 @@ def _has_command(result: Result, *parts: str) -> bool:
 
 def test_tiny_commands_follow_the_cli_contracts(tiny: Result) -> None:
     run = "results/runs/tiny/dense/seed0"
-    assert _has_command(tiny, "commrl init-store --pair tiny --stamp results/.init/mlflow.done")
+    assert _has_command(tiny, "commrl init-store --stamp results/.init/mlflow.done")
+    assert _has_command(tiny, "commrl init-store --pair tiny --stamp results/.init/pairs/tiny.done")
     assert _has_command(tiny, "commrl prepare --dataset toy --seed 0 --out results/data/toy")
     pretrain = "commrl pretrain --data results/data/toy --out results/models/tiny-base --seed 0"
     assert _has_command(tiny, pretrain, "--shipped assets/tiny-base")  # staged, checked, not trained
@@ -99,6 +102,12 @@ def test_tiny_commands_follow_the_cli_contracts(tiny: Result) -> None:
         "--out results/sweeps/tiny/tiny-method/worker1.json",
     )
     assert _has_command(tiny, "commrl report --pair tiny --netmodel configs/netmodel --out results/report")
+    only = (  # the report reads the pipeline's runs alone: every run, evaluation and sweep of the config
+        "--only results/runs/tiny/dense/seed0/summary.json",
+        "results/runs/tiny/dense_async_tis/seed2/summary.json results/eval/tiny/dense/seed0/toy_greedy.json",
+        "results/eval/tiny/method/seed2/toy_mc.json results/sweeps/tiny/tiny-method/summary > results/logs",
+    )
+    assert _has_command(tiny, "commrl report", *only)
 
 
 def test_paper_commands_follow_the_cli_contracts(paper: Result) -> None:
@@ -126,6 +135,24 @@ def test_eval_reads_the_summary_which_names_the_model(tiny: Result, paper: Resul
         inputs = re.findall(r"^rule eval_\w+:\n    input: (.*)$", result.output, re.M)
         assert inputs and all(i.split(", ")[0].endswith("/summary.json") for i in inputs)
         assert not [i for i in inputs if "/final" in i]
+
+
+def test_paper_jobs_take_their_own_pairs_experiment(paper: Result) -> None:
+    """Every job that logs runs of a pair waits for its pair's stamp alone (a pair added to or removed from
+    the config leaves the others' jobs alone: test_rerun.py), and the report for the pair A network model
+    that the tiny config draws too."""
+    for rule in ("train_verl", "sweep_init", "sweep_worker"):
+        inputs = re.findall(rf"^rule {rule}:\n    input: (.*)$", paper.output, re.M)
+        assert inputs and all(re.match(r"results/\.init/pairs/[AB]\.done, ", i) for i in inputs), rule
+        assert not [i for i in inputs if "mlflow.done" in i], rule
+    verl = re.search(
+        r"^rule train_verl:\n    input: (.*)\n.*\n.*\n.*\n.*\n.*\n    wildcards: (.*)$", paper.output, re.M
+    )
+    assert verl, paper.output[-3000:]
+    pair, condition = re.match(r"pair=(\w+), condition=(\w+)", verl[2]).groups()
+    assert verl[1].endswith(
+        f"configs/verl/config.yaml, configs/verl/pair/{pair}.yaml, configs/condition/{condition}.yaml"
+    )
 
 
 def test_paper_long_kl_runs_ask_150_ticks(paper: Result) -> None:
@@ -207,11 +234,25 @@ def test_a_resource_kind_left_out_takes_the_schema_default_whole(workflow: Workf
     [
         (
             "results/eval/tiny/method/seed0/toy_greedy.json",
-            {"init_store": 1, "prepare_toy": 1, "pretrain": 1, "train_local": 1, "eval_tiny": 1},
+            {
+                "init_store": 1,
+                "init_pair": 1,
+                "prepare_toy": 1,
+                "pretrain": 1,
+                "train_local": 1,
+                "eval_tiny": 1,
+            },
         ),
         (
             "results/eval/A/method/seed0/commrl_math500.json",
-            {"init_store": 1, "prepare_math500": 1, "prepare_math": 1, "train_verl": 1, "eval_A": 1},
+            {
+                "init_store": 1,
+                "init_pair": 1,
+                "prepare_math500": 1,
+                "prepare_math": 1,
+                "train_verl": 1,
+                "eval_A": 1,
+            },
         ),
     ],
 )
@@ -224,6 +265,7 @@ def test_until_stops_at_the_named_rule(workflow: Workflow) -> None:
     counts = workflow.dry_run("--until", "train_local").counts()
     assert counts == {
         "init_store": 1,
+        "init_pair": 1,
         "prepare_toy": 1,
         "pretrain": 1,
         "train_local": TINY_CONDITIONS * SEEDS,
@@ -247,6 +289,46 @@ def test_a_new_condition_file_is_a_condition_of_the_pipeline(workflow: Workflow)
     config["pairs"]["tiny"]["eval"]["conditions"] = ["method_copy"]
     result = workflow.dry_run("--configfile", workflow.write_config(config), "--until", "train_local")
     assert result.counts()["train_local"] == SEEDS
+
+
+def test_a_data_set_excluding_itself_fails_naming_the_field(workflow: Workflow) -> None:
+    """`exclude` names another data set's held-out split; naming its own would be a cycle in the DAG."""
+    config = workflow.config(PAPER)
+    config["datasets"]["math500"]["exclude"] = "math500"
+    result = workflow.snakemake("-n", "--configfile", workflow.write_config(config))
+    assert result.returncode != 0
+    assert "datasets.math500.exclude: 'math500' excludes itself" in result.output, result.output[-3000:]
+    assert "Cyclic" not in result.output and "Job stats" not in result.output
+
+
+def test_a_pair_without_its_drivers_pair_file_fails_naming_the_file(workflow: Workflow) -> None:
+    """A training run composes its driver's pair/<pair>.yaml (an input of its job): a pair without one is
+    named before any job is planned."""
+    config = workflow.config()
+    config["pairs"]["tiny2"] = {
+        key: value for key, value in config["pairs"]["tiny"].items() if key != "sweep"
+    }
+    result = workflow.snakemake("-n", "--configfile", workflow.write_config(config))
+    assert result.returncode != 0
+    message = (
+        "pairs.tiny2: the local driver has no configs/train/pair/tiny2.yaml, the training config of pair"
+    )
+    assert message in result.output, result.output[-3000:]
+    assert "Job stats" not in result.output
+
+
+def test_the_slurm_profiles_commented_site_keys_pin_their_rules(workflow: Workflow) -> None:
+    """Uncommented, the GPU model of profiles/slurm reaches the jobs of the rules it names (the evaluations
+    are eval_<pair> rules), and a sweep worker takes its node whole, as a training run does."""
+    profile = workflow.root / "profiles" / "slurm" / "config.yaml"
+    text = profile.read_text()
+    block = text[text.index("set-resources:") : text.index("\n\n", text.index("set-resources:"))]
+    profile.write_text(text.replace(block, re.sub(r"^(\s*)# (\s*\w+:)", r"\1\2", block, flags=re.M)))
+    result = workflow.dry_run("--profile", "slurm", "--configfile", PAPER)
+    for rule in ("train_verl", "sweep_worker", "eval_A", "eval_B"):
+        resources = result.resources(rule)
+        assert resources and {r.get("gpu_model") for r in resources} == {"h100"}, rule
+    assert {r["slurm_extra"] for r in result.resources("sweep_worker")} == {"--exclusive --signal=USR1@900"}
 
 
 @pytest.mark.parametrize("config", ["configs/pipeline/tiny.yaml", PAPER])

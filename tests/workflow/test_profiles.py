@@ -41,8 +41,9 @@ def test_profile_slurm_by_name_from_the_root(workflow: Workflow) -> None:
 def test_a_warning_lead_shorter_than_the_checkpoint_or_to_the_batch_shell_is_reported(workflow: Workflow):
     """The profile's --signal lead against resources.<kind>.checkpoint_s, when the DAG is built."""
     profile = workflow.root / "profiles" / "slurm" / "config.yaml"
-    text = profile.read_text().replace("'--exclusive --signal=USR1@900'", "'--exclusive --signal=USR1@300'")
-    profile.write_text(text.replace("'--signal=USR1@900'", "'--signal=B:USR1@900'"))
+    train_first = "'--exclusive --signal=USR1@900'"  # train_verl's, then sweep_worker's
+    text = profile.read_text().replace(train_first, "'--exclusive --signal=USR1@300'", 1)
+    profile.write_text(text.replace(train_first, "'--exclusive --signal=B:USR1@900'"))
     out = workflow.dry_run("--profile", "slurm", "--configfile", PAPER).output
     assert "train jobs get their warning signal 300 s before the time limit, but" in out
     assert "resources.train.checkpoint_s = 600 s" in out

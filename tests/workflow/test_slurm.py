@@ -77,7 +77,7 @@ def _run_until_done(workflow: Workflow, args: list[str], timeout: float) -> tupl
 
 
 SUBSET = REPO / "tests" / "fixtures" / "pipeline" / "slurm-subset.yaml"
-SUBSET_RULES = {"init_store", "prepare_toy", "pretrain", "train_local", "eval_tiny", "report"}
+SUBSET_RULES = {"init_store", "init_pair", "prepare_toy", "pretrain", "train_local", "eval_tiny", "report"}
 
 
 def test_the_pipeline_subset_runs_through_slurm_with_its_gpu_requests(
@@ -114,7 +114,8 @@ PREEMPT_SETUP = """
 from commrl.cli.main import main
 toy = ["--n-train", "64", "--n-val", "8", "--n-test", "8"]
 assert main(["prepare", "--dataset", "toy", "--seed", "0", "--out", "results/data/toy", *toy]) == 0
-assert main(["init-store", "--pair", "tiny", "--stamp", "results/.init/mlflow.done"]) == 0
+assert main(["init-store", "--stamp", "results/.init/mlflow.done"]) == 0
+assert main(["init-store", "--pair", "tiny", "--stamp", "results/.init/pairs/tiny.done"]) == 0
 sweep = ["--config", "configs/sweep/preempt.yaml", "--study", "preempt"]
 assert main(["sweep", "init", *sweep, "--out", "results/sweeps/tiny/preempt/init.json"]) == 0
 """

@@ -7,6 +7,7 @@ from snakemake_run import Workflow
 
 STUDY_JOBS = {
     "init_store": 1,
+    "init_pair": 1,
     "prepare_toy": 1,
     "pretrain": 1,
     "study_init": 1,

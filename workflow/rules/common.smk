@@ -5,6 +5,7 @@ results/runs/<pair>/<condition>/seed<seed>/.
 """
 
 import functools
+import glob
 import os
 import re
 import shlex
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import jsonschema
 import yaml
-from commrl.config_tree import known_conditions
+from commrl.config_tree import DRIVER_TREES, condition_dir, known_conditions, tree_dir
 from commrl.errors import ConfigError
 from commrl.eval.benchmarks import BENCHMARKS
 from commrl.sweep.config import load_sweep_config
@@ -31,7 +32,7 @@ DATASET_FILES = {
 }
 SCHEMAS = Path(workflow.basedir) / "workflow" / "schemas"
 CONDITIONS = Path(workflow.basedir) / "configs" / "condition"  # one file per condition, read by both drivers
-MLFLOW_STAMP = "results/.init/mlflow.done"
+MLFLOW_STAMP = "results/.init/mlflow.done"  # the MLflow store, created (migrated) once: init_store
 # The conda environment of each kind of job, per driver (envs/; used with --sdm conda only).
 ENVS = {"cpu": "../../envs/cpu.yaml", "train": "../../envs/train-gpu.yaml", "eval": "../../envs/eval-gpu.yaml"}
 
@@ -113,15 +114,44 @@ def sweep_dir(pair):
     return f"results/sweeps/{pair}/{pair_cfg(pair)['sweep']['study']}"
 
 
+def pair_stamp(pair):
+    """The stamp of experiment commrl/<pair> in the MLflow store (init_pair): what every job that logs runs
+    of `pair` takes, so that a pair added to (or removed from) the config leaves the other pairs' jobs alone."""
+    return f"results/.init/pairs/{pair}.done"
+
+
 def train_inputs(pair):
-    """What a training run (or a sweep trial) of `pair` reads: the store, its data, its base model."""
+    """What a training run (or a sweep trial) of `pair` reads: its experiment, its data, its base model."""
     cfg = pair_cfg(pair)
-    inputs = {"store": MLFLOW_STAMP, "train": f"{data_dir(cfg['train_data'])}/train.parquet"}
+    inputs = {"store": pair_stamp(pair), "train": f"{data_dir(cfg['train_data'])}/train.parquet"}
     if cfg["driver"] == "local":
         inputs["model"] = f"{model_dir(pair)}/model.safetensors"
     else:
         inputs["val"] = f"{data_dir(cfg['val_data'])}/test.parquet"
     return inputs
+
+
+def workdir_path(path):
+    """`path` relative to the working directory when it lies under it (as the rules name files), else as is."""
+    path, here = Path(path), Path.cwd().resolve()
+    return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
+
+
+def run_configs(pair, *conditions):
+    """The config files a training run of `pair` composes through Hydra, as inputs of its job: its driver's
+    tree (`commrl train`: configs/train/, `commrl verl-train`: configs/verl/, or $COMMRL_<TREE>_CONFIGS as
+    the drivers find it; commrl.config_tree) with its config.yaml and pair/<pair>.yaml, and each condition's
+    file of the condition group beside it (configs/condition/<condition>.yaml). A change to any of them
+    plans the run again."""
+    tree = tree_dir(DRIVER_TREES[pair_cfg(pair)["driver"]])
+    files = [tree / "config.yaml", tree / "pair" / f"{pair}.yaml"]
+    files += [condition_dir(tree) / f"{condition}.yaml" for condition in conditions]
+    return [workdir_path(f) for f in files]
+
+
+def trial_configs(sweep):
+    """`run_configs` of the trials of a sweep or study file: its pair's, with its condition and baseline."""
+    return run_configs(sweep["pair"], sweep["condition"], *([sweep["baseline"]] if "baseline" in sweep else []))
 
 
 def pretrain_inputs(pair):
@@ -509,6 +539,12 @@ def check_config():
     express, before any job is planned; each error names the file, the field, the bad value and the fix."""
     checked(config, "config.schema.yaml", config_files())
     for name, cfg in config["datasets"].items():
+        if cfg.get("exclude") == name:
+            raise config_error(
+                f"datasets.{name}.exclude",
+                f"{name!r} excludes itself: `exclude` names the held-out set whose problems are removed from "
+                f"this data set (datasets.math.exclude: math500); drop the key from datasets.{name}",
+            )
         if "exclude" in cfg and cfg["exclude"] not in config["datasets"]:
             raise config_error(f"datasets.{name}.exclude", f"{cfg['exclude']!r} is not in `datasets`; add it")
     for pair, cfg in config["pairs"].items():
@@ -517,6 +553,14 @@ def check_config():
             problem = condition_problem(condition, cfg["driver"])
             if problem:
                 raise config_error(f"pairs.{pair}.conditions", problem)
+        pair_file = tree_dir(DRIVER_TREES[cfg["driver"]]) / "pair" / f"{pair}.yaml"
+        if not pair_file.is_file():
+            known = ", ".join(sorted(p.stem for p in pair_file.parent.glob("*.yaml"))) or "none"
+            raise config_error(
+                f"pairs.{pair}",
+                f"the {cfg['driver']} driver has no {workdir_path(pair_file)}, the training config of pair "
+                f"{pair!r} (its pairs: {known}); add the file, or name one of those pairs",
+            )
         run = f"is not in pairs.{pair}.conditions"
         for condition in cfg["ticks"]:
             if condition not in cfg["conditions"]:
@@ -534,6 +578,7 @@ def check_config():
 
 
 def netmodel_configs():
-    """The network-model configs (configs/netmodel/pair_<pair>.yaml) of the config's pairs that have one."""
-    paths = [f"configs/netmodel/pair_{pair}.yaml" for pair in config["pairs"]]
-    return [path for path in paths if os.path.exists(path)]
+    """Every network-model config the report reads: `commrl report --netmodel configs/netmodel` draws each
+    configs/netmodel/pair_*.yaml, whether or not its pair is one of the config's (the tiny report draws pair
+    A's analytic model)."""
+    return sorted(glob.glob("configs/netmodel/pair_*.yaml"))

@@ -1,7 +1,8 @@
-# The note's figures and tables from the MLflow store (`commrl report`), after every
-# run, evaluation and sweep of the config, with the network model's section (configs/netmodel/). The figure
-# list depends on which runs exist, so the output is a
-# directory whose files `snakemake --report` picks up by pattern.
+# The note's figures and tables from the MLflow store (`commrl report`), after every run, evaluation and sweep
+# of the config and of those alone (`--only` the inputs: a run made by hand in the same store, of the same
+# pair, condition and seed, does not replace the pipeline's), with the network model's section (every
+# configs/netmodel/pair_*.yaml, whether or not its pair is the config's). The figure list depends on which
+# runs exist, so the output is a directory whose files `snakemake --report` picks up by pattern.
 
 
 rule report:
@@ -30,4 +31,5 @@ rule report:
     conda:
         env("cpu")
     shell:
-        "commrl report {params.pairs} --netmodel configs/netmodel --out {output} > {log} 2>&1"
+        "commrl report {params.pairs} --netmodel configs/netmodel --out {output}"
+        " --only {input.runs} {input.evals} {input.sweeps} > {log} 2>&1"

@@ -10,7 +10,7 @@
 
 rule study_init:
     input:
-        store=MLFLOW_STAMP,
+        store=lambda wildcards: pair_stamp(study_pair(wildcards.study)),
         config=lambda wildcards: study_file(wildcards.study),
     output:
         "results/studies/{study}/init.json",
@@ -32,6 +32,7 @@ rule study_worker:
         unpack(lambda wildcards: train_inputs(study_pair(wildcards.study))),
         init="results/studies/{study}/init.json",
         config=lambda wildcards: study_file(wildcards.study),
+        composed=lambda wildcards: trial_configs(study_config(wildcards.study)),
     output:
         "results/studies/{study}/worker{worker}.json",
     params:

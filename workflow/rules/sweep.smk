@@ -1,12 +1,13 @@
 # An Optuna sweep of the method's knobs on one pair: `init` creates the storage and the study, enqueues
 # the defaults and the MLflow parent run (once); the workers share the storage and each runs trials until
 # the study's budget is used; `summary` writes best_params.json, trials.csv and the plots. The storage is
-# not a declared output: every worker writes to it. Reruns resume: a worker finishes only what is left.
+# not a declared output: every worker writes to it. Reruns resume: a worker finishes only what is left. A
+# worker's inputs include the config files its trials compose (common.smk, trial_configs).
 
 
 rule sweep_init:
     input:
-        store=MLFLOW_STAMP,
+        store=lambda wildcards: pair_stamp(wildcards.pair),
         config=lambda wildcards: pair_cfg(wildcards.pair)["sweep"]["config"],
     output:
         "results/sweeps/{pair}/{study}/init.json",
@@ -28,6 +29,7 @@ rule sweep_worker:
         unpack(lambda wildcards: train_inputs(wildcards.pair)),
         init="results/sweeps/{pair}/{study}/init.json",
         config=lambda wildcards: pair_cfg(wildcards.pair)["sweep"]["config"],
+        composed=lambda wildcards: trial_configs(sweep_config(wildcards.pair)),
     output:
         "results/sweeps/{pair}/{study}/worker{worker}.json",
     params:

@@ -2,12 +2,14 @@
 # final/ (an HF model directory). Both drivers resume from their own checkpoints (checkpoints/ is not a
 # declared output, so Snakemake leaves it alone on a rerun) and exit non-zero when they trained fewer ticks
 # than asked; 75 when a preemption or time-limit warning stopped them after a checkpoint, which
-# workflow/scripts/preemptible.sh turns into a requeue of the Slurm job.
+# workflow/scripts/preemptible.sh turns into a requeue of the Slurm job. The config files the run composes
+# (its driver's tree and its condition's file: common.smk, run_configs) are inputs: a change plans it again.
 
 
 rule train_local:
     input:
         unpack(lambda wildcards: train_inputs(wildcards.pair)),
+        composed=lambda wildcards: run_configs(wildcards.pair, wildcards.condition),
     output:
         summary="results/runs/{pair}/{condition}/seed{seed}/summary.json",
         final=directory("results/runs/{pair}/{condition}/seed{seed}/final"),
@@ -37,6 +39,7 @@ rule train_local:
 rule train_verl:
     input:
         unpack(lambda wildcards: train_inputs(wildcards.pair)),
+        composed=lambda wildcards: run_configs(wildcards.pair, wildcards.condition),
     output:
         summary="results/runs/{pair}/{condition}/seed{seed}/summary.json",
         final=directory("results/runs/{pair}/{condition}/seed{seed}/final"),
