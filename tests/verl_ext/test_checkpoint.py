@@ -4,6 +4,7 @@ in the schema both drivers write, and what eval and a rerun read from it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from commrl import tracking
 from commrl.cli import verl_train
 from commrl.cli.eval import read_point_checkpoint, read_summary
 from commrl.compression import MethodConfig
+from commrl.errors import ConfigError
 from commrl.run import record
 from commrl.run.summary import RunSummary
 from commrl.verl_ext import config as vc
@@ -168,3 +170,38 @@ def test_both_drivers_write_the_same_run_record(two_ticks, tiny_model_dir, tmp_p
     assert [t["driver"] for t in tags] == ["verl", "local"] and {t["condition"] for t in tags} == {
         "no_projection"
     }
+
+
+def test_a_resume_under_another_config_is_refused_and_a_longer_run_resumes(two_ticks, tmp_path, monkeypatch):
+    """``DIR/run_config.json`` is written before verl's first step; a rerun under a changed method setting is
+    refused before MLflow or verl are touched, naming the key; ``ticks`` and ``read_at`` extended resume."""
+    out, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
+        monkeypatch.setenv(name, "")
+    started = []
+
+    def verl_trains_two_ticks(cfg):
+        started.append(json.loads((out / "run_config.json").read_text()))
+        shutil.copytree(two_ticks[0], out / "checkpoints")
+
+    monkeypatch.setattr(verl_train, "run_verl", verl_trains_two_ticks)
+
+    def train(spec: vc.VerlRun) -> int:
+        cfg = vc.compose_verl_config(vc.run_overrides(spec, out, tmp_path / "data", tracking_uri=uri))
+        return verl_train.train(spec, cfg, out, uri, None, record.RunSpec())
+
+    assert train(spec_of(2, 2)) == 0 and started[0]["method.rank"] == 77 and started[0]["read_at"] == 2
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    changed = vc.compose_run("A", "no_projection", 0, ["method.rank=8", "ticks=2", "read_at=2"])
+    with pytest.raises(ConfigError) as refused:
+        train(changed)
+    message = str(refused.value)
+    assert f"{out} holds a run checkpointed at tick 2 under another config" in message
+    assert "method.rank: 77 -> 8" in message and f"move or delete {out}" in message
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    assert tracking.client(uri).get_run(RunSummary.read(out).mlflow_run_id).info.status == "FINISHED"
+
+    monkeypatch.setattr(verl_train, "run_verl", lambda cfg: started.append("resumed"))
+    assert train(spec_of(4, 4)) == verl_train.EXIT_INCOMPLETE  # verl resumed (its training stubbed)
+    assert started[-1] == "resumed"
+    assert json.loads((out / "run_config.json").read_text())["verl.trainer.total_training_steps"] == 4

@@ -4,9 +4,10 @@
     commrl train --cfg pair=tiny condition=dense        # print the resolved config and exit
 
 Exit status: 0 when every asked tick was trained, 2 on a configuration error (``ConfigError``, a missing
-data file included: ``commrl.cli.main``), 3 when the run stopped early (collapse alarm) or trained fewer
-ticks than asked, 75 when SIGUSR1 or SIGTERM (a preemption or time-limit warning) stopped it after a tick
-and its checkpoint: rerun the same command to resume.
+data file included, and a resume of a checkpoint trained under another config: ``commrl.run.fingerprint``;
+``commrl.cli.main``), 3 when the run stopped early (collapse alarm) or trained fewer ticks than asked, 75
+when SIGUSR1 or SIGTERM (a preemption or time-limit warning) stopped it after a tick and its checkpoint:
+rerun the same command to resume.
 """
 
 from __future__ import annotations

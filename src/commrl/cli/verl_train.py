@@ -11,7 +11,8 @@ go to commrl's tree, every other ``key=value`` to verl's. After training: ``DIR/
 as an HF folder), ``DIR/tick<read_at>`` when the read point is an earlier checkpoint, ``DIR/summary.json``.
 
 Exit status: 0 when every asked tick was trained; 2 on a configuration error (``ConfigError``, missing
-data files included: ``commrl.cli.main``); 1 without a GPU or when verl failed; 3 when verl trained fewer
+data files included, and a resume of checkpoints trained under another config: ``commrl.run.fingerprint``,
+``DIR/run_config.json``; ``commrl.cli.main``); 1 without a GPU or when verl failed; 3 when verl trained fewer
 ticks than asked; 75 when a preemption or time-limit warning (SIGUSR1, reaching verl's TaskRunner
 process) stopped it after a step saved by verl: rerun to resume. A bare SIGTERM (preemption without the
 warning) ends Ray's processes at once: the run then resumes from its last ``save_freq`` checkpoint (README
@@ -106,6 +107,10 @@ def identity(spec, ticks: int) -> record.RunIdentity:
 def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, placement: record.RunSpec) -> int:
     """verl's ``run_ppo`` with commrl's TaskRunner; then count ticks, export HF folders, write the summary.
 
+    First the run's config fingerprint: checked against the one its checkpoints were trained with, if any
+    (a ``ConfigError`` on a difference, before MLflow or verl are touched), then written to
+    ``DIR/run_config.json``.
+
     A rerun of a run whose checkpoints already reach the asked ticks trains nothing (verl's ``fit`` would
     step once more after loading the last checkpoint): it only re-exports and rewrites the summary -- after
     a validation-only pass of verl (``trainer.val_only``) when that checkpoint's validation was due but is
@@ -114,9 +119,10 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
     from omegaconf import OmegaConf
 
     from commrl.verl_ext import config as vc
-    from commrl.verl_ext.checkpoint import latest_tick, summarize_run, validation_missing
+    from commrl.verl_ext.checkpoint import latest_tick, record_run_config, summarize_run, validation_missing
 
     ticks = int(cfg.trainer.total_training_steps)
+    record_run_config(out_dir, spec, cfg)  # a resume under another config stops here, before MLflow and verl
     run_id, _ = record.open_run(identity(spec, ticks), out_dir, tracking_uri, placement, run_id)
     record.log_config(run_id, {"method": spec.method.to_dict()}, tracking_uri)
     OmegaConf.update(cfg, f"{vc.ENV_VARS_KEY}.MLFLOW_RUN_ID", run_id, force_add=True)

@@ -2,7 +2,8 @@
 
 A checkpoint holds everything the next tick depends on (model, optimizer, controller, RNG states,
 health monitor, the metrics not yet sent to MLflow and the MLflow run id), so a rerun after a kill resumes
-at the newest one with no duplicated and no missing ticks.
+at the newest one with no duplicated and no missing ticks; and the run's config fingerprint
+(``run_config``), which that rerun's config must match (``commrl.run.fingerprint``).
 """
 
 from __future__ import annotations

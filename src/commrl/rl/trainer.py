@@ -46,7 +46,7 @@ from commrl.rl.reward import boxed_reward
 from commrl.rl.sampler import HFSampler, Sampler, SamplerCodec, VLLMSampler
 from commrl.rl.staleness import WeightHistory, behaviour_version
 from commrl.rl.timing import PhaseTimer
-from commrl.run import preempt, record
+from commrl.run import fingerprint, preempt, record
 from commrl.run.hooks import StopTraining, TrainCallbacks
 from commrl.run.record import RunSpec
 from commrl.run.summary import FINAL_DIR, RunSummary, read_point, read_point_dir_name
@@ -103,7 +103,8 @@ def tick_prompt_indices(n_prompts: int, per_tick: int, tick: int, seed: int) -> 
 
 
 class LocalTrainer:
-    """Trains one (pair, condition, seed) run; ``train()`` resumes from the newest checkpoint if any."""
+    """Trains one (pair, condition, seed) run; ``train()`` resumes from the newest checkpoint if any, unless
+    it was trained under another config (``commrl.run.fingerprint``)."""
 
     def __init__(self, cfg: TrainConfig, run: RunSpec | None = None, callbacks: TrainCallbacks | None = None):
         self.cfg = cfg
@@ -120,6 +121,7 @@ class LocalTrainer:
         self.weights = WeightHistory(cfg.rl.staleness)
         self._version = 0  # the live weights' version: ticks trained (commrl.rl.staleness)
         self._sampler_version: int | None = None  # the version the sampler holds
+        self.run_config = fingerprint.of(self._resolved_config())  # what a resume must match
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -265,9 +267,19 @@ class LocalTrainer:
                 fh.write(json.dumps({"step": step, **metrics}) + "\n")
 
     # ------------------------------------------------------------------ state
+    def _resolved_config(self) -> dict[str, Any]:
+        """What the run computes with (``commrl.run.fingerprint``): the config, its method resolved (defaults
+        included), its model and data folders absolute."""
+        values = self.cfg.to_dict()
+        values["method"] = self.cfg.method_config().to_dict()
+        values["model"]["path"] = os.path.abspath(self.cfg.model.path)
+        values["data"]["dir"] = os.path.abspath(self.cfg.data.dir)
+        return values
+
     def _state(self, tick: int) -> dict[str, Any]:
         return {
             "tick": tick,
+            "run_config": self.run_config,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "controller": self.ctrl.state_dict(),
@@ -549,8 +561,10 @@ class LocalTrainer:
     def train(self) -> RunSummary:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
-        self._setup()
         latest = self.store.load_latest()
+        if latest is not None:  # before any model loads: a resume under another config is refused
+            fingerprint.check_resume(latest[1].get("run_config"), self.run_config, latest[0], [self.out])
+        self._setup()
         start = 0
         resumed_run = None
         if latest is not None:

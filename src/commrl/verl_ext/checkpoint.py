@@ -8,18 +8,26 @@ verl can exit 0 having trained nothing (a resume whose data loader is exhausted)
 it with the ticks asked. HF folders come from verl's own checkpoint conversion (``verl.model_merger``,
 FSDP backend: the shards merged into one ``safetensors`` model in bf16, with config and tokenizer) --
 the same as ``python -m verl.model_merger merge --backend fsdp --local_dir ... --target_dir ...``.
+
+Beside them, ``DIR/run_config.json`` is the run's config fingerprint (``commrl.run.fingerprint``): written
+before verl's first step, checked by every resume (``record_run_config``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 from commrl import tracking
+from commrl.run import fingerprint
 from commrl.run.summary import FINAL_DIR, RunSummary, read_point, read_point_dir_name
 from commrl.staging import staged_dir
 from commrl.verl_ext.config import VerlRun, on_schedule
 
 TRACKER = "latest_checkpointed_iteration.txt"
+RUN_CONFIG = "run_config.json"
 VAL_ACC = "val/acc"  # what summary.json and the report read (trainer.method_metrics: from verl's val-core/*)
 
 
@@ -32,6 +40,44 @@ def latest_tick(checkpoint_dir: Path) -> int:
     if not text.isdigit():
         raise ValueError(f"{tracker} holds {text!r}, not a tick number; the checkpoint folder is damaged")
     return int(text)
+
+
+def resolved_config(spec: VerlRun, cfg) -> dict[str, Any]:
+    """What the run computes with (``commrl.run.fingerprint``): its identity, read point and method, and
+    verl's composed config ``cfg`` under ``verl``."""
+    from omegaconf import OmegaConf
+
+    return {
+        "pair": spec.pair,
+        "condition": spec.condition,
+        "seed": spec.seed,
+        "read_at": spec.read_at,
+        "method": spec.method.to_dict(),
+        "verl": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def record_run_config(out_dir: Path, spec: VerlRun, cfg) -> None:
+    """Check a resume against ``DIR/run_config.json`` (``fingerprint.check_resume``: a ``ConfigError`` when
+    verl's checkpoints were trained under another config), then write the run's fingerprint there.
+
+    A resume is a run whose ``trainer.default_local_dir`` holds a checkpoint; without one the record is
+    (re)written, as nothing was trained yet.
+    """
+    out_dir = Path(out_dir)
+    current = fingerprint.of(resolved_config(spec, cfg))
+    checkpoints = Path(cfg.trainer.default_local_dir)
+    done = latest_tick(checkpoints)
+    path = out_dir / RUN_CONFIG
+    if done > 0:
+        recorded = json.loads(path.read_text()) if path.is_file() else None
+        inside = checkpoints.resolve().is_relative_to(out_dir.resolve())
+        folders = [out_dir] if inside else [out_dir, checkpoints]
+        fingerprint.check_resume(recorded, current, done, folders)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{RUN_CONFIG}.tmp"
+    tmp.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def val_acc_history(run_id: str, tracking_uri: str | None = None) -> dict[int, float]:

@@ -1,0 +1,110 @@
+"""The local driver resumes a run only under the config its checkpoint was trained with
+(``commrl.run.fingerprint``): a changed setting is refused before any model loads, a longer run resumes, an
+older checkpoint resumes with a warning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from rl_helpers import overrides
+
+from commrl import tracking
+from commrl.cli.main import main
+from commrl.errors import ConfigError
+from commrl.rl.config import load_train_config
+from commrl.rl.trainer import LocalTrainer
+from commrl.run import forkserver
+
+
+def files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder``: (size, modification time in ns) by relative path."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+class Counting(LocalTrainer):
+    """Records the ticks it trains."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.ticks: list[int] = []
+
+    def _tick(self, tick):
+        self.ticks.append(tick)
+        return super()._tick(tick)
+
+
+def test_a_changed_method_setting_is_refused_naming_it_and_the_run_is_left_as_it_was(
+    tmp_path, toy_data, small_model, monkeypatch, capsys
+):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "run"
+    args = overrides(small_model, toy_data, out, uri, "condition=method", "rl.ticks=2", "rl.read_at=2")
+    first = LocalTrainer(load_train_config(args)).train()
+    before = files(out)
+    monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
+    monkeypatch.setattr(LocalTrainer, "_setup", lambda self: pytest.fail("a model loaded"))
+    capsys.readouterr()
+    assert main(["train", *args, "method.projection=none", "method.rank=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"commrl train: error: {out} holds a run checkpointed at tick 2 under another config"
+    )
+    assert "method.projection: 'secant' -> 'none'" in err and "method.rank: 4 -> 2" in err
+    assert "Restore these settings to resume it" in err and f"move or delete {out} to train" in err
+    assert files(out) == before
+    run = tracking.client(uri).get_run(first.mlflow_run_id)
+    assert run.info.status == "FINISHED" and "config_changed" not in run.data.tags
+
+
+def test_a_longer_run_resumes_and_equals_the_run_trained_straight(
+    tmp_path, toy_data, small_model, monkeypatch
+):
+    """``rl.ticks`` and the read point extended past a finished run resume it, as do an out_dir now absolute
+    and another checkpoint cadence (neither changes what is computed); a run cut below its checkpoint is
+    refused."""
+    monkeypatch.chdir(tmp_path)
+    extra = ("condition=method", "tracking.enabled=false")
+    LocalTrainer(
+        load_train_config(
+            [*overrides(small_model, toy_data, "run", "", *extra), "rl.ticks=2", "rl.read_at=2"]
+        )
+    ).train()
+    longer = overrides(small_model, toy_data, tmp_path / "run", "", *extra, "checkpoint.every=1")  # 4 ticks
+    resumed = Counting(load_train_config(longer))
+    summary = resumed.train()
+    assert (summary.ticks_trained, summary.complete, resumed.ticks) == (4, True, [2, 3])
+    straight = LocalTrainer(
+        load_train_config(overrides(small_model, toy_data, tmp_path / "straight", "", *extra))
+    )
+    straight.train()
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    with pytest.raises(ConfigError, match=r"rl\.ticks: 4 -> 3 \(the checkpoint is at tick 4"):
+        LocalTrainer(load_train_config([*longer, "rl.ticks=3", "rl.read_at=3"])).train()
+
+
+def test_a_checkpoint_without_a_config_record_resumes_with_a_warning_and_records_it(
+    tmp_path, toy_data, small_model, capsys
+):
+    """A checkpoint written before runs recorded their config (no ``run_config`` in its state)."""
+    out = tmp_path / "run"
+    args = overrides(small_model, toy_data, out, "", "condition=method", "tracking.enabled=false")
+    LocalTrainer(load_train_config([*args, "rl.ticks=2", "rl.read_at=2"])).train()
+    path = out / "checkpoints" / "tick_000002" / "state.pt"
+    state = torch.load(path, weights_only=False)
+    state.pop("run_config", None)
+    torch.save(state, path)
+    capsys.readouterr()
+    resumed = LocalTrainer(load_train_config(args))
+    assert resumed.train().ticks_trained == 4
+    err = capsys.readouterr().err
+    assert f"warning: the run in {out} (checkpointed at tick 2) has no config record" in err
+    assert "resuming it unchecked" in err
+    latest = torch.load(out / "checkpoints" / "tick_000004" / "state.pt", weights_only=False)
+    assert latest["run_config"] == resumed.run_config and latest["run_config"]["method.rank"] == 4
