@@ -17,6 +17,7 @@ from commrl.data.toy import ToyConfig, prepare_toy
 from commrl.errors import ConfigError
 from commrl.rl.config import HealthConfig
 from commrl.rl.health import CollapseMonitor
+from commrl.rl.mismatch import mismatch_metrics
 from commrl.rl.reward import compute_score
 from commrl.verl_ext.config import method_from_env
 from commrl.verl_ext.engine import DENSE_REFERENCE as DENSE_REFERENCE_FLAG
@@ -84,12 +85,19 @@ def test_val_acc_from_verls_validation_metric_names(n):
     assert method_metrics(verl_metrics)["val/acc"] == pytest.approx((0.5 + 1.0) / 2)
 
 
+def _responses(mask: torch.Tensor, prompt: int = 2) -> dict[str, torch.Tensor]:
+    """``responses`` and ``attention_mask`` (a left prompt of ``prompt`` tokens) whose response part is
+    ``mask``: what verl's ``compute_response_mask`` reads."""
+    attention = torch.cat([torch.ones(mask.shape[0], prompt, dtype=mask.dtype), mask], dim=1)
+    return {"responses": torch.zeros_like(mask), "attention_mask": attention, "response_mask": mask.clone()}
+
+
 def test_batch_mismatch_reads_sampler_against_trainer():
     """Equal log-probs: correlation 1, no gap, none clipped; a 2x ratio on 3 of 5 tokens: clipped at eps."""
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     lp = torch.tensor([[-0.1, -2.0, -0.5, 0.0], [-1.0, -0.3, 0.0, 0.0]])
     batch = DataProto.from_dict(
-        tensors=dict(rollout_log_probs=lp, old_log_probs=lp.clone(), response_mask=mask)
+        tensors=dict(rollout_log_probs=lp, old_log_probs=lp.clone(), **_responses(mask))
     )
     same = batch_mismatch(batch)
     assert same["mismatch/logprob_corr"] == pytest.approx(1.0) and same["mismatch/prob_gap"] == 0.0
@@ -101,6 +109,29 @@ def test_batch_mismatch_reads_sampler_against_trainer():
     assert moved["mismatch/async_clip_frac_eps0.2"] == pytest.approx(3 / 5)
     assert moved["mismatch/async_clip_frac_5x"] == 0.0
     assert batch_mismatch(DataProto.from_dict(tensors=dict(old_log_probs=lp, response_mask=mask))) == {}
+
+
+def test_batch_mismatch_reads_every_valid_token_after_verls_rejection():
+    """verl's decoupled rejection (its own ``compute_rollout_correction_and_add_to_batch``) replaces
+    ``response_mask`` by the sequences it kept; the mismatch is still read on every valid token, as the local
+    driver reads it, not on the kept ones (the least mismatched: every one rejected read corr 1)."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    gen = torch.Generator().manual_seed(0)
+    sampler = torch.randn(8, 6, generator=gen) * 0.5 - 1.0
+    shift = torch.tensor([0.0, 0.1, 0.2, 1.5, 2.0, 2.5, 3.0, 3.5]).unsqueeze(-1)  # rows far off the sampler
+    old = sampler - shift + torch.randn(8, 6, generator=gen) * 0.3
+    mask = torch.ones(8, 6, dtype=torch.long)
+    batch = DataProto.from_dict(
+        tensors=dict(old_log_probs=old, rollout_log_probs=sampler, **_responses(mask))
+    )
+    config = RolloutCorrectionConfig(
+        rollout_is=None, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.5_2.0"
+    )
+    batch, _ = compute_rollout_correction_and_add_to_batch(batch, config)
+    assert batch.batch["response_mask"].sum() < mask.sum()  # verl rejected some sequences
+    assert batch_mismatch(batch) == pytest.approx(mismatch_metrics(sampler, old, mask))
 
 
 def update_metrics(step: int) -> dict:

@@ -248,6 +248,10 @@ def test_command_line_ticks_win_over_ticks_by_condition():
         ),
         (dict(pair="A", condition="method", commrl=["method.rank=0"]), "method.rank=0 is invalid"),
         (dict(pair="A", condition="method", commrl=["method.kind=x"]), "Could not override 'method.kind'"),
+        (  # verl ignores the loss type in decoupled mode: refused as the local driver refuses it
+            dict(pair="A", condition="method", commrl=["rl.rollout_correction.loss_type=reinforce"]),
+            "loss_type='reinforce' is invalid with rl.behaviour_logprobs=trainer",
+        ),
     ],
 )
 def test_bad_run_settings_are_named(args, message):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from commrl import config_tree
 from commrl.errors import ConfigError
-from commrl.rl.correction import BEHAVIOUR_LOGPROBS, RolloutCorrection
+from commrl.rl.correction import BEHAVIOUR_LOGPROBS, RolloutCorrection, check_mode
 
 if TYPE_CHECKING:
     from omegaconf.errors import OmegaConfBaseException
@@ -131,12 +131,7 @@ class RLConfig:
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"rl.betas={self.betas!r} is invalid: AdamW's 2 betas, each in [0, 1)")
         self.rollout_correction.validate()
-        if self.behaviour_logprobs == "trainer" and self.rollout_correction.loss_type != "ppo_clip":
-            raise ConfigError(
-                f"rl.rollout_correction.loss_type={self.rollout_correction.loss_type!r} is invalid with "
-                "rl.behaviour_logprobs=trainer: the loss type applies in bypass mode only (verl ignores it "
-                "otherwise); set rl.behaviour_logprobs=sampler or loss_type=ppo_clip"
-            )
+        check_mode(self.behaviour_logprobs, self.rollout_correction)
 
 
 @dataclass

@@ -123,6 +123,17 @@ class Correction:
     metrics: dict[str, float]
 
 
+def check_mode(behaviour_logprobs: str, correction: RolloutCorrection) -> None:
+    """The loss type applies in bypass mode only (``rl.behaviour_logprobs=sampler``): verl ignores it in
+    decoupled mode, so a non-default one there is refused (both drivers)."""
+    if behaviour_logprobs == "trainer" and correction.loss_type != "ppo_clip":
+        raise ConfigError(
+            f"rl.rollout_correction.loss_type={correction.loss_type!r} is invalid with "
+            "rl.behaviour_logprobs=trainer: the loss type applies in bypass mode only (verl ignores it "
+            "otherwise); set rl.behaviour_logprobs=sampler or loss_type=ppo_clip"
+        )
+
+
 def loss_inputs(
     corr: Correction | None, response_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

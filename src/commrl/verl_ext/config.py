@@ -41,7 +41,7 @@ from typing import Any
 from commrl import config_tree, tracking
 from commrl.compression.config import MethodConfig
 from commrl.errors import ConfigError
-from commrl.rl.correction import BEHAVIOUR_LOGPROBS, RolloutCorrection
+from commrl.rl.correction import BEHAVIOUR_LOGPROBS, RolloutCorrection, check_mode
 
 METHOD_ENV = "COMMRL_METHOD"
 EXTERNAL_LIB = "commrl.verl_ext"
@@ -247,6 +247,7 @@ def rl_settings(rl: Mapping[str, Any]) -> dict[str, Any]:
         )
     correction = RolloutCorrection(**raw)
     correction.validate()
+    check_mode(behaviour, correction)
     return {"behaviour_logprobs": behaviour, "rollout_correction": correction}
 
 

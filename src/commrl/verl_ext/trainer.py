@@ -172,11 +172,17 @@ def attach_mlflow(run_id: str, config: Mapping[str, Any] | None):
 
 def batch_mismatch(batch) -> dict[str, float]:
     """``mismatch/*`` of a trainer step's ``DataProto``: the sampler's ``rollout_log_probs`` against the
-    trainer's ``old_log_probs`` on the response tokens; empty when the sampler recorded none."""
+    trainer's ``old_log_probs`` on every valid response token (verl's ``compute_response_mask``, as the
+    local driver: decoupled rejection has replaced ``response_mask`` by the tokens it kept, the ones that
+    mismatch least); empty when the sampler recorded none."""
+    from verl.trainer.ppo.ray_trainer import compute_response_mask
+
     tensors = batch.batch
     if "rollout_log_probs" not in tensors.keys():  # noqa: SIM118  (a TensorDict)
         return {}
-    return mismatch_metrics(tensors["rollout_log_probs"], tensors["old_log_probs"], tensors["response_mask"])
+    return mismatch_metrics(
+        tensors["rollout_log_probs"], tensors["old_log_probs"], compute_response_mask(batch)
+    )
 
 
 def eligible_mask(batch, config):
