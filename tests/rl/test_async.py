@@ -384,3 +384,23 @@ def test_the_anchors_replay_is_corrected_with_the_dense_policys_ratio(tmp_path, 
     expected = correction.correct(dense_old, batch.sampler_log_probs, batch.response_mask, trainer.correction)
     assert torch.allclose(replay["corr"].weights, expected.weights, atol=1e-5)
     assert not torch.allclose(dense_old, batch.sampler_log_probs, atol=1e-3)  # one tick of staleness
+
+
+def test_bypass_modes_read_out_pass_is_not_counted_as_traffic(tmp_path, toy_data, small_model):
+    """verl's bypass mode runs no old-log-prob pass; the local driver runs one for its read-outs only, so the
+    ledger leaves it out: method_async's fast tick counts the bytes of method with the same staleness (the
+    same rollouts, whose old pass is its update's own forward), not one forward pass more."""
+    short = ("rl.mini_batches=1", "rl.ticks=2", "rl.read_at=2", "checkpoint.every=2")
+    runs = {}
+    for name, condition in (("bypass", "condition=method_async"), ("decoupled", "condition=method")):
+        trainer = Recording(_cfg(tmp_path, toy_data, small_model, name, condition, "rl.staleness=1", *short))
+        trainer.train()
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = (trainer, {row["step"]: row for row in rows})
+    (bypass, by_b), (decoupled, by_d) = runs["bypass"], runs["decoupled"]
+    assert bypass.bypass and not decoupled.bypass
+    assert torch.equal(bypass.batches[1].responses, decoupled.batches[1].responses)  # the same rollouts
+    fast = by_b[2]  # tick 1: no fire at cadence 2
+    assert fast["anchor/fire"] == 0.0
+    for key in ("comm/bytes_activations", "comm/bytes_total", "comm/bytes_dense"):
+        assert fast[key] == by_d[2][key], key

@@ -168,16 +168,22 @@ class TwoCircuitController:
         self.attached.append(self.compression_points(module))
 
     @contextmanager
-    def _session(self, mode: str, microbatch: int, token_mask: Tensor | None) -> Iterator[None]:
+    def _session(
+        self, mode: str, microbatch: int, token_mask: Tensor | None, counted: bool = True
+    ) -> Iterator[None]:
+        count = self._counting and counted
         with ExitStack() as stack:
             for points in (self.points, *self.attached):
-                stack.enter_context(points.session(mode, self._tick, microbatch, token_mask, self._counting))
+                stack.enter_context(points.session(mode, self._tick, microbatch, token_mask, count))
             yield
 
     @contextmanager
-    def compressed(self, microbatch_id: int = 0, token_mask: Tensor | None = None) -> Iterator[None]:
-        """Forward (and backward) through the activation codec; same ``microbatch_id`` => same PRF mask."""
-        with self._session("compressed", microbatch_id, token_mask):
+    def compressed(
+        self, microbatch_id: int = 0, token_mask: Tensor | None = None, counted: bool = True
+    ) -> Iterator[None]:
+        """Forward (and backward) through the activation codec; same ``microbatch_id`` => same PRF mask.
+        ``counted=False``: a read-out pass no deployment would run, left out of the ledger."""
+        with self._session("compressed", microbatch_id, token_mask, counted):
             yield
 
     @contextmanager

@@ -340,16 +340,17 @@ class LocalTrainer:
     def _log_probs(self, model, batch: RolloutBatch, mode: str, start: int = 0) -> torch.Tensor:
         """Log-probs over the batch in fixed micro-batches; rows before ``start`` are left NaN.
 
-        mode: ``compressed`` (through the codec), ``dense`` (uncompressed, counted by the ledger) or
-        ``plain`` (no session of the driver's own: the controller's calibration sketch, or an uncounted
-        diagnostic pass).
+        mode: ``compressed`` (through the codec), ``readout`` (through the codec, not counted by the ledger:
+        a pass for read-outs only), ``dense`` (uncompressed, counted by the ledger) or ``plain`` (no session
+        of the driver's own: the controller's calibration sketch, or an uncounted diagnostic pass).
         """
         model.eval()
         parts = [torch.full((start, batch.response_length), math.nan)]
         for mb_id, mb in micro_batches(batch, self.micro, start):
             pack = mb.pack()
-            if mode == "compressed":
-                ctx = self.ctrl.compressed(microbatch_id=mb_id, token_mask=pack.token_mask)
+            if mode in ("compressed", "readout"):
+                counted = mode == "compressed"
+                ctx = self.ctrl.compressed(microbatch_id=mb_id, token_mask=pack.token_mask, counted=counted)
             elif mode == "dense":
                 ctx = self.ctrl.dense()
             else:
@@ -459,7 +460,9 @@ class LocalTrainer:
         # weights, codec and randomness; no dropout), so the old pass skips its rows (verl's on-policy case).
         # A decoupled correction needs every row's old log-prob first; bypass mode needs them for read-outs.
         reuse = not (fire or self.decoupled_correction or self.bypass) and self.forward_is_deterministic
-        old = self._log_probs(self.model, batch, "compressed", start=self.per_mini if reuse else 0)
+        # In bypass mode the old pass feeds read-outs only (verl's bypass runs none): not counted as traffic.
+        old_mode = "readout" if self.bypass else "compressed"
+        old = self._log_probs(self.model, batch, old_mode, start=self.per_mini if reuse else 0)
         ref_mode = "compressed" if self.method.kl_ref_forward == "codec" else "dense"
         ref = self._log_probs(self.ref, batch, ref_mode)
         metrics: dict[str, float] = {
