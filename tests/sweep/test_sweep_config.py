@@ -12,7 +12,7 @@ from commrl.cli.main import main
 from commrl.errors import ConfigError
 from commrl.sweep.config import SweepConfig, load_sweep_config
 from commrl.sweep.space import method_overrides
-from commrl.sweep.study import IDENTITY_ATTR, check_identity, make_pruner
+from commrl.sweep.study import IDENTITY_ATTR, check_identity, make_pruner, make_sampler
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "configs" / "sweep").glob("*.yaml"))
@@ -56,8 +56,28 @@ BAD = [
     ("read_at", 5, "read_at=5 is not a validation tick"),
     ("read_at", 8, "read_at=8 is after the last tick"),
     ("storage", "results/optuna/tiny.db", "storage='results/optuna/tiny.db' is neither an RDB URL"),
-    ("heartbeat", {"interval": 10, "grace": 10}, "heartbeat.grace=10 must exceed heartbeat.interval=10"),
+    ("heartbeat", {"interval": 10, "grace": 10}, "heartbeat.grace=10 is below 2 x heartbeat.interval=10"),
+    ("heartbeat", {"interval": 10, "grace": 11}, "heartbeat.grace=11 is below 2 x heartbeat.interval=10"),
     ("pruner", {"name": "hyperband", "max_resource": 60}, "pruner.max_resource=60 exceeds read_at=6"),
+    ("pruner", {"name": "threshold", "lower": 5}, "pruner.lower=5 is out of range: val/acc is a fraction"),
+    ("pruner", {"name": "threshold", "lower": 1.0}, "give lower below 1 (0.05 for 5%)"),
+    (
+        "pruner",
+        {"name": "median", "n_warmup_steps": 6},
+        "pruner.n_warmup_steps=6 can never stop a trial: the last validation tick before read_at=6 is 4",
+    ),
+    ("pruner", {"name": "threshold", "lower": 0.1, "n_warmup_steps": 5}, "use n_warmup_steps <= 4"),
+    (
+        "pruner",
+        {"name": "hyperband", "min_resource": 5, "max_resource": 6},
+        "pruner.min_resource=5 can never stop a trial",
+    ),
+    (
+        "sampler",
+        {"name": "tpe", "seed": 2**32 - 1},
+        "sampler.seed=4294967295 is too large for n_workers=2: worker w samples with seed + w, which must "
+        "stay below 2**32; use sampler.seed <= 4294967294",
+    ),
     ("pruner", {"name": "median", "n_warmup": 3}, "pruner: unknown key(s) n_warmup"),
     ("pruner", {"name": "sha"}, "pruner.name='sha' is not one of"),
     ("sampler", {"name": "tpe", "seed": -1}, "sampler.seed=-1 must be an integer >= 0"),
@@ -73,6 +93,23 @@ def test_bad_config_is_rejected_naming_the_field(sweep_dict, field, value, messa
     with pytest.raises(ConfigError) as err:
         SweepConfig.from_dict(with_change(sweep_dict, field, value))
     assert message in str(err.value)
+
+
+def test_a_pruner_needs_a_validation_tick_before_read_at(sweep_dict):
+    """The pruner is asked at the validations before read_at only: with none, it can never stop a trial."""
+    raw = {**sweep_dict, "val_every": 6, "pruner": {"name": "median"}}
+    with pytest.raises(ConfigError, match=r"pruner.name='median' can never stop a trial: no validation tick"):
+        SweepConfig.from_dict(raw)
+    assert SweepConfig.from_dict({**raw, "pruner": {"name": "none"}}).val_every == 6
+
+
+def test_the_largest_sampler_seed_accepted_samples_in_every_worker(sweep_dict):
+    """Worker w samples with seed + w: the largest seed the config accepts works in its last worker."""
+    raw = with_change(sweep_dict, "sampler.seed", 2**32 - sweep_dict["n_workers"])
+    cfg = SweepConfig.from_dict(raw)
+    study = optuna.create_study(sampler=make_sampler(cfg.sampler, worker=cfg.n_workers - 1))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    assert len(study.trials) == 1
 
 
 def test_the_shipped_configs_are_valid_and_enqueue_the_notes_settings():

@@ -1,7 +1,8 @@
 """Grid studies with the fast stand-in driver: every point once (and the baseline at every prompts x seed),
 the budget is the grid's size, the seed and prompts axes reach the training run's overrides, a killed trial
-retries its point, a point held twice trains once, a grid may grow in place, and a bad grid is rejected
-naming the field before any trial. (The real trainer: test_sweep_grid_e2e.py.)"""
+retries its point (also when its retry is popped before its tell), a point held twice trains once, a grid
+may grow in place, and a bad grid is rejected naming the field before any trial. (The real trainer:
+test_sweep_grid_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from commrl.run.hooks import TrainCallbacks
 from commrl.sweep.config import SweepConfig, load_sweep_config
 from commrl.sweep.grid import PointTaken, claim_point, grid_studies, point_of
 from commrl.sweep.grid_summary import summarize_grid
-from commrl.sweep.storage import retry_history
-from commrl.sweep.study import init_study, open_study
+from commrl.sweep.objective import SweepObjective
+from commrl.sweep.storage import enqueue_retry, retry_history
+from commrl.sweep.study import PARENT_ATTR, init_study, open_study
 from commrl.sweep.trial_config import check_trials, local_overrides, trials_dir, verl_command
 from commrl.sweep.worker import run_worker
 
@@ -194,6 +196,27 @@ def test_only_the_first_holder_of_a_point_trains(env, grid_dict):
         claim_point(fresh, trials[3], trials, cfg.space)
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert [point_of(t) for t in waiting] == [{"alpha": 1.0}]
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_a_retry_popped_before_its_predecessors_tell_trains_the_point(env, grid_dict, fake_grid_accuracy):
+    """The preempt path queues the retry while its trial is RUNNING (Optuna fails it in its tell, after); a
+    worker popping the retry first trains the point: the RUNNING trial it retries holds neither the point
+    nor a second budget slot."""
+    grid_dict.update(baseline=None, grid={"alpha": [0.25, 1.0]})
+    cfg = SweepConfig.from_dict(grid_dict)
+    init_study(cfg, "gap")
+    study = open_study(cfg, "gap")
+    preempted, _ = study.ask(), study.ask()  # trials 0 and 1: both points taken by two workers
+    assert enqueue_retry(study, study.get_trials()[preempted.number], cfg.heartbeat)
+    retry = study.ask()  # trial 2, popped by a third worker before trial 0's tell
+    trials = study.get_trials()
+    assert point_of(trials[2]) == point_of(trials[0]) and retry_history(trials[2]) == [0]
+    run = SweepObjective(cfg, "gap", study.user_attrs[PARENT_ATTR], FakeDriver(cfg.ticks, cfg.val_every))
+    study.tell(retry, run(retry))
+    study.tell(preempted, state=TrialState.FAIL)
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.RUNNING, TrialState.COMPLETE]
+    assert study.get_trials()[2].params == cfg.space.points()[0]
 
 
 def test_a_grid_grows_in_place_and_only_new_points_train(env, tmp_path, grid_dict, fake_grid_accuracy):

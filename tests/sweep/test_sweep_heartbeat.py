@@ -1,10 +1,12 @@
-"""Stale trials on a journal file (no heartbeat in Optuna 5): the DIY stamp + reaper fail and retry them."""
+"""Stale trials on a journal file (no heartbeat in Optuna 5): the DIY stamp + reaper fail and retry them,
+once each, even when a reaper dies half-way; a failed stamp does not stop the heartbeat of a live trial."""
 
 from __future__ import annotations
 
 import time
 
 import optuna
+import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
@@ -68,6 +70,42 @@ def test_retries_stop_after_max_retry(tmp_path):
     assert states == [TrialState.FAIL, TrialState.FAIL]  # max_retry=1: no third attempt
 
 
+class Killed(BaseException):
+    """The reaper's process dies here."""
+
+
+@pytest.mark.parametrize("killed", ["before", "after"])
+def test_a_reaper_killed_at_its_fail_leaves_the_trial_with_its_retry(tmp_path, monkeypatch, killed):
+    """The journal reaper queues the retry, then fails the trial: killed before or after that write, it
+    never leaves a failed trial without its retry, and the next reaper queues no second one."""
+    study = journal_study(tmp_path)
+    now = time.time() + 10
+    running_trial(study, now - 10)
+    storage = study._storage
+    fail = storage.set_trial_state_values
+
+    def killed_at_the_write(*args, **kwargs):
+        if killed == "after":
+            fail(*args, **kwargs)
+        raise Killed
+
+    monkeypatch.setattr(storage, "set_trial_state_values", killed_at_the_write)
+    with pytest.raises(Killed):
+        reap_stale_trials(study, HB, now=now)
+    monkeypatch.undo()
+    other = journal_study(tmp_path)
+    left = TrialState.FAIL if killed == "after" else TrialState.RUNNING
+    assert [(t.state, retry_history(t)) for t in other.get_trials()] == [
+        (left, []),
+        (TrialState.WAITING, [0]),
+    ]
+    assert reap_stale_trials(other, HB, now=now) == ([0] if killed == "before" else [])
+    assert [(t.state, retry_history(t)) for t in other.get_trials()] == [
+        (TrialState.FAIL, []),
+        (TrialState.WAITING, [0]),
+    ]
+
+
 def test_the_heartbeat_thread_keeps_stamping_and_tells_live_from_dead(tmp_path):
     """A trial killed a moment ago has a fresh stamp; watching for two intervals tells it from a live one."""
     study = journal_study(tmp_path)
@@ -79,3 +117,33 @@ def test_the_heartbeat_thread_keeps_stamping_and_tells_live_from_dead(tmp_path):
         assert time.time() - stamp < 0.5
         assert silent_trials(study, HeartbeatConfig(interval=1, grace=3)) == [dead.number]
     assert silent_trials(study, HeartbeatConfig(interval=1, grace=3)) == [dead.number, live.number]
+
+
+def test_a_transient_storage_error_does_not_stop_the_heartbeat(tmp_path, capsys):
+    """One failed stamp (an NFS hiccup) is reported and tried again: the live trial keeps its heartbeat, and
+    another worker's reaper leaves it alone."""
+    study = journal_study(tmp_path)
+    trial = study.ask()
+    stamp, calls = trial.set_user_attr, []
+
+    def flaky(key, value):
+        calls.append(key)
+        if len(calls) == 2:
+            raise OSError(116, "Stale file handle")
+        stamp(key, value)
+
+    trial.set_user_attr = flaky
+    with TrialHeartbeat(trial, interval=0.2) as beat:
+        time.sleep(2)
+        assert beat._thread.is_alive()
+        # a reaper looking a second later: a stamp at most an interval old (not 1.8 s) is still within grace
+        assert (
+            reap_stale_trials(
+                journal_study(tmp_path), HeartbeatConfig(interval=1, grace=2), now=time.time() + 1
+            )
+            == []
+        )
+    assert study.get_trials()[0].state == TrialState.RUNNING
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "heartbeat of trial 0: OSError: [Errno 116] Stale file handle; trying again in 0.2 s" in err

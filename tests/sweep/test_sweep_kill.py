@@ -1,5 +1,7 @@
 """A worker killed with SIGKILL in the middle of a trial, then rerun: the trial is retried with the same
-params, resumes from its folder, and the study ends with exactly the asked number of finished trials.
+params, resumes from its folder, and the study ends with exactly the asked number of finished trials. A
+trial is retried once however many paths see it die (killed between the preempt path's queued retry and its
+tell, reaped by two workers, finished after all), and a preempted retry stops at heartbeat.max_retry.
 
 The workers are real processes on a real storage (sqlite + Optuna's heartbeat, or a journal file + the DIY
 heartbeat); the trials use the fast stand-in driver of ``sweep_fakes`` (the real trainer: test_sweep_e2e).
@@ -8,6 +10,7 @@ heartbeat); the trials use the fast stand-in driver of ``sweep_fakes`` (the real
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,13 +19,16 @@ import time
 from pathlib import Path
 
 import pytest
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 from sweep_fakes import FakeDriver
 
 from commrl.cli.main import main
 from commrl.run import preempt
 from commrl.run.hooks import TrainCallbacks
+from commrl.sweep import objective
 from commrl.sweep.config import SweepConfig, load_sweep_config
+from commrl.sweep.heartbeat import reap_stale_trials
 from commrl.sweep.storage import retry_history
 from commrl.sweep.study import init_study, open_study
 from commrl.sweep.trial_config import trials_dir
@@ -198,3 +204,104 @@ def test_a_preempted_worker_says_whether_its_trial_was_queued_again(
     trials = open_study(cfg, "p").get_trials()
     assert trials[0].user_attrs["note"].endswith(outcome)
     assert [t.state for t in trials] == [TrialState.FAIL] + [TrialState.WAITING] * (max_retry > 0)
+
+
+def chains(study) -> list[tuple[TrialState, list[int]]]:
+    """Each trial's state and the trials it retries."""
+    return [(t.state, retry_history(t)) for t in study.get_trials()]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "journal"])
+def test_a_preempted_retry_with_its_retries_used_is_not_queued_again(env, tmp_path, sweep_dict, backend):
+    """A retry preempted in its turn is queued again only within heartbeat.max_retry; its note says which
+    (Optuna's retry callback appends to the history of the trial object it is given: on a journal storage
+    that was the stored trial itself, which then looked like its own retry)."""
+    sweep_dict.update(n_trials=1, heartbeat={"interval": 1, "grace": 3, "max_retry": 1})
+    if backend == "journal":
+        sweep_dict["storage"] = str(tmp_path / "shared" / "tiny.journal")
+    cfg = SweepConfig.from_dict(sweep_dict)
+    init_study(cfg, "again")
+
+    def preempted(plan, hooks):
+        raise preempt.Preempted(3, signal.SIGUSR1)
+
+    for _ in range(2):
+        with pytest.raises(preempt.Preempted):
+            run_worker(cfg, "again", 0, driver=preempted)
+    study = open_study(cfg, "again")
+    assert chains(study) == [(TrialState.FAIL, []), (TrialState.FAIL, [0])]
+    note = study.get_trials()[1].user_attrs["note"]
+    assert note.endswith("trial 1 not re-enqueued: its retries reached heartbeat.max_retry=1")
+
+
+def preempted_then_killed(cfg: SweepConfig, study: str) -> None:
+    """A worker whose first trial is preempted and which is SIGKILLed once the trial's retry is queued, before
+    Optuna's tell marks the trial FAIL (Slurm's KillWait ran out; a tell failing on a locked storage)."""
+    queue = objective.enqueue_retry
+
+    def queue_then_killed(*args, **kwargs):
+        queue(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def preempted(plan, hooks):
+        raise preempt.Preempted(3, signal.SIGTERM)
+
+    objective.enqueue_retry = queue_then_killed  # in the child process only
+    run_worker(cfg, study, 0, driver=preempted)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "journal"])
+def test_a_trial_killed_between_its_queued_retry_and_its_tell_is_retried_once(
+    env, tmp_path, sweep_dict, backend
+):
+    """The trial stays RUNNING with its retry queued. The next worker runs the retry at once (the dead trial
+    and its retry hold one budget slot); the reaper fails the dead trial later and queues no second retry, so
+    the point trains once and the budget's other slot goes to a new point."""
+    sweep_dict.update(n_trials=2)
+    if backend == "journal":
+        sweep_dict["storage"] = str(tmp_path / "shared" / "tiny.journal")
+    cfg = SweepConfig.from_dict(sweep_dict)
+    init_study(cfg, "gap")
+    child = multiprocessing.get_context("fork").Process(target=preempted_then_killed, args=(cfg, "gap"))
+    child.start()
+    child.join()
+    assert child.exitcode == -signal.SIGKILL
+    study = open_study(cfg, "gap")
+    assert chains(study) == [(TrialState.RUNNING, []), (TrialState.WAITING, [0])]
+
+    run_worker(cfg, "gap", 1, driver=FakeDriver(cfg.ticks, cfg.val_every))
+    assert chains(study) == [(TrialState.RUNNING, []), (TrialState.COMPLETE, [0]), (TrialState.COMPLETE, [])]
+    time.sleep(cfg.heartbeat.grace + 1.5)
+    assert reap_stale_trials(study, cfg.heartbeat) == [0]
+    assert chains(study) == [(TrialState.FAIL, []), (TrialState.COMPLETE, [0]), (TrialState.COMPLETE, [])]
+    params = [t.params for t in study.get_trials()]
+    assert params[0] == params[1] == cfg.defaults != params[2]
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_only_the_first_retry_of_an_unfinished_trial_trains(env, tmp_path, sweep_dict):
+    """Two reapers that see a trial die at the same moment can both queue its retry, and a reaper can queue
+    the retry of a late trial that then finishes after all: only the first retry of a trial that did not
+    finish trains; the others end FAIL at once, saying why."""
+    sweep_dict.update(n_trials=3, storage=str(tmp_path / "shared" / "tiny.journal"))
+    cfg = SweepConfig.from_dict(sweep_dict)
+    init_study(cfg, "twice")
+    study = open_study(cfg, "twice")
+    dead, late = study.ask(), study.ask()  # 0 (the defaults) and 1
+    for trial in (dead, late):
+        cfg.space.suggest(trial)
+    queue = RetryHeartbeatStaleTrialCallback(max_retry=2, inherit_intermediate_values=True)
+    queue(study, study.get_trials()[dead.number])  # 2
+    queue(study, study.get_trials()[dead.number])  # 3: the other reaper's
+    queue(study, study.get_trials()[late.number])  # 4
+    study.tell(late, 0.5)
+    study.tell(dead, state=TrialState.FAIL)
+
+    run_worker(cfg, "twice", 0, driver=FakeDriver(cfg.ticks, cfg.val_every))
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE", "FAIL", "FAIL", "COMPLETE"]
+    assert trials[3].user_attrs["note"] == "trial 0 is retried by trial 2"
+    assert trials[4].user_attrs["note"] == "trial 1 ended COMPLETE: no retry needed"
+    assert trials[2].params == cfg.defaults
+    starts = (trials_dir(cfg, "twice") / "trial0000" / "starts.txt").read_text().splitlines()
+    assert [line.split()[2] for line in starts] == ["2"]  # the point trained once

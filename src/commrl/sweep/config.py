@@ -32,6 +32,7 @@ PRUNERS: dict[str, dict[str, tuple[type, float]]] = {
     "hyperband": {"min_resource": (int, 1), "max_resource": (int, 1), "reduction_factor": (int, 2)},
     "threshold": {"lower": (float, 0.0), "n_warmup_steps": (int, 0)},
 }
+SEED_LIMIT = 2**32  # numpy's (the samplers') seeds are below it
 REQUIRED = ("pair", "condition", "driver", "n_workers", "ticks", "val_every", "read_at", "storage")
 SEARCH_ONLY = ("n_trials", "space", "defaults")  # required by a search; a grid has none but n_trials
 GRID_ONLY = ("grid", "baseline")  # `grid` is required by a grid study
@@ -194,11 +195,19 @@ class SweepConfig:
                 f"train_overrides {', '.join(clash)}: the sweep sets these itself; "
                 "use the config keys instead"
             )
-        pruner = _pruner(raw.get("pruner", {"name": "none" if grid else "median"}), ints["read_at"])
+        pruner = _pruner(
+            raw.get("pruner", {"name": "none" if grid else "median"}), ints["read_at"], ints["val_every"]
+        )
         if grid and pruner.name != "none":
             raise ConfigError(
                 f"pruner.name={pruner.name!r}: a grid study reads every point at read_at, and a pruned point "
                 "leaves its cell without that seed; use pruner: {name: none}"
+            )
+        if sampler.seed + ints["n_workers"] - 1 >= SEED_LIMIT:
+            raise ConfigError(
+                f"sampler.seed={sampler.seed} is too large for n_workers={ints['n_workers']}: worker w "
+                "samples with seed + w, which must stay below 2**32; "
+                f"use sampler.seed <= {SEED_LIMIT - ints['n_workers']}"
             )
         return cls(
             pair=raw["pair"],
@@ -314,10 +323,10 @@ def _heartbeat(raw: Any) -> HeartbeatConfig:
     hb = HeartbeatConfig(
         **{k: _int(f"heartbeat.{k}", v, 0 if k == "max_retry" else 1) for k, v in raw.items()}
     )
-    if hb.grace <= hb.interval:
+    if hb.grace < 2 * hb.interval:
         raise ConfigError(
-            f"heartbeat.grace={hb.grace} must exceed heartbeat.interval={hb.interval} (a live trial would be "
-            "failed between two heartbeats); use grace >= 2 x interval"
+            f"heartbeat.grace={hb.grace} is below 2 x heartbeat.interval={hb.interval} (one late or failed "
+            "heartbeat would fail a live trial); use grace >= 2 x interval"
         )
     return hb
 
@@ -334,7 +343,9 @@ def _sampler(raw: Any) -> SamplerConfig:
     return SamplerConfig(name, **{k: _int(f"sampler.{k}", v, 0) for k, v in raw.items()})
 
 
-def _pruner(raw: Any, read_at: int) -> PrunerConfig:
+def _pruner(raw: Any, read_at: int, val_every: int) -> PrunerConfig:
+    """The pruner, checked against what a trial reports: val/acc in [0, 1] at every validation tick before
+    ``read_at`` (``PruningHooks``), where the pruner is asked."""
     if not isinstance(raw, Mapping) or "name" not in raw:
         raise ConfigError(f"pruner must be a mapping with a name ({', '.join(PRUNERS)})")
     name = raw["name"]
@@ -367,5 +378,22 @@ def _pruner(raw: Any, read_at: int) -> PrunerConfig:
     if name == "threshold" and "lower" not in opts:
         raise ConfigError(
             "pruner.lower is missing: the threshold pruner stops trials whose val/acc is below it"
+        )
+    if name == "threshold" and opts["lower"] >= 1:
+        raise ConfigError(
+            f"pruner.lower={opts['lower']} is out of range: val/acc is a fraction in [0, 1], and lower >= 1 "
+            "stops every trial short of a perfect score; give lower below 1 (0.05 for 5%)"
+        )
+    last = (read_at - 1) // val_every * val_every  # the last validation tick before read_at
+    if name != "none" and last == 0:
+        raise ConfigError(
+            f"pruner.name={name!r} can never stop a trial: no validation tick comes before read_at={read_at} "
+            f"(val_every={val_every}); lower val_every or use pruner: {{name: none}}"
+        )
+    first = "min_resource" if name == "hyperband" else "n_warmup_steps"  # the first step it may stop at
+    if opts.get(first, 0) > last:
+        raise ConfigError(
+            f"pruner.{first}={opts[first]} can never stop a trial: the last validation tick before "
+            f"read_at={read_at} is {last}; use {first} <= {last} or pruner: {{name: none}}"
         )
     return PrunerConfig(name, opts)

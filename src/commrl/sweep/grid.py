@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from commrl.sweep.budget import BudgetFilled
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.space import GridSpace
+from commrl.sweep.storage import retry_history
 
 # a trial in one of these states holds its point: no other trial may train it
 HOLDING = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
@@ -75,15 +76,25 @@ def claim_point(trial: optuna.Trial, frozen: FrozenTrial, trials: list[FrozenTri
     """Let ``trial`` train only if it is the first holder of a queued grid point; else raise ``PointTaken``.
 
     Two trials can hold one point when two workers refill the queue at once; the lower-numbered one runs
-    (workers pop the queue in number order). A trial with no queued point refills the queue and ends.
+    (workers pop the queue in number order). A RUNNING trial that this one retries holds its point no more:
+    its retry was queued as it stopped (a preemption before its tell, a reaper before it fails a dead trial).
+    A trial with no queued point refills the queue and ends.
     """
     point = point_of(frozen)
     if point is None:
         added = enqueue_missing(trial.study, grid)
         note = f"not a queued grid point; {len(added)} missing point(s) queued again"
     else:
+        replaced = set(retry_history(frozen))
         holder = next(
-            (t for t in trials if t.number < frozen.number and t.state in HOLDING and point_of(t) == point),
+            (
+                t
+                for t in trials
+                if t.number < frozen.number
+                and t.state in HOLDING
+                and point_of(t) == point
+                and not (t.number in replaced and t.state == TrialState.RUNNING)
+            ),
             None,
         )
         if holder is None:

@@ -3,13 +3,14 @@
 Optuna's own heartbeat exists for ``RDBStorage`` only. For a journal file the worker stamps the user
 attribute ``_heartbeat`` (unix time) from a daemon thread every ``interval`` seconds; ``reap_stale_trials``
 fails RUNNING trials whose stamp is older than ``grace`` and re-enqueues them with the same params
-(``RetryHeartbeatStaleTrialCallback``), exactly what ``RDBStorage`` does with its built-in heartbeat. The
-stamp is written on every storage, so a worker can also tell a live trial from a dead one
-(``silent_trials``) before the grace period has passed.
+(``storage.enqueue_retry``), as ``RDBStorage`` does with its built-in heartbeat. The stamp is written on
+every storage, so a worker can also tell a live trial from a dead one (``silent_trials``) before the grace
+period has passed.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import warnings
@@ -19,13 +20,14 @@ from optuna.storages import JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from commrl.sweep.config import HeartbeatConfig
-from commrl.sweep.storage import retry_callback
+from commrl.sweep.storage import enqueue_retry
 
 HEARTBEAT_ATTR = "_heartbeat"
 
 
 class TrialHeartbeat:
-    """Context manager: a daemon thread stamping ``trial``'s ``_heartbeat`` attribute every ``interval`` s."""
+    """Context manager: a daemon thread stamping ``trial``'s ``_heartbeat`` attribute every ``interval`` s,
+    until the trial ends or another worker reaped it (a failed stamp is tried again at the next interval)."""
 
     def __init__(self, trial: optuna.Trial, interval: float):
         self.trial = trial
@@ -39,6 +41,12 @@ class TrialHeartbeat:
                 self.trial.set_user_attr(HEARTBEAT_ATTR, time.time())
             except optuna.exceptions.UpdateFinishedTrialError:
                 return  # another worker reaped this trial; nothing left to stamp
+            except Exception as err:  # transient: NFS, a lock, a lost DB connection; stamp again
+                print(
+                    f"heartbeat of trial {self.trial.number}: {type(err).__name__}: {err}; "
+                    f"trying again in {self.interval} s",
+                    file=sys.stderr,
+                )
             if self._stop.wait(self.interval):
                 return
 
@@ -74,7 +82,8 @@ def reap_stale_trials(study: optuna.Study, heartbeat: HeartbeatConfig, now: floa
     """Fail RUNNING trials silent for longer than ``grace`` and enqueue their retries; returns their numbers.
 
     For ``RDBStorage`` this is Optuna's ``fail_stale_trials`` (its own heartbeat table). For a journal file
-    the ``_heartbeat`` stamps decide; a trial another worker reaped or finished first is skipped.
+    the ``_heartbeat`` stamps decide; a trial another worker reaped or finished first is skipped. Either way
+    a trial gets one retry, however many paths see it die (``enqueue_retry``).
     """
     storage = study._storage  # the one private attribute used: Optuna exposes no public setter of trial state
     if not isinstance(storage, JournalStorage):
@@ -86,15 +95,16 @@ def reap_stale_trials(study: optuna.Study, heartbeat: HeartbeatConfig, now: floa
         return sorted(after - before)
     now = time.time() if now is None else now
     reaped = []
-    retry = retry_callback(heartbeat)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if now - last_heartbeat(trial) <= heartbeat.grace:
             continue
+        # the retry first: a reaper killed in between leaves the trial RUNNING with its retry queued, and the
+        # next reaper only fails it (failed first, the trial would stay FAIL with no retry)
+        enqueue_retry(study, trial, heartbeat)
         try:
             if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
-        retry(study, storage.get_trial(trial._trial_id))
         reaped.append(trial.number)
     return reaped

@@ -7,7 +7,9 @@ validation before it is reported, and a pruner's verdict or a collapse alarm (``
 run through ``StopTraining``, which becomes ``optuna.TrialPruned`` (a grid study stops nothing: every point
 is read at ``read_at``, alarm or not; ``commrl.sweep.grid``). A preempted trial (``preempt.Preempted``: it
 checkpointed on SIGUSR1 / SIGTERM) ends FAIL with its retry queued at once, same params, same folder, unless
-its chain used its ``heartbeat.max_retry`` retries; the exception carries a note saying which.
+its chain used its ``heartbeat.max_retry`` retries; the exception carries a note saying which. A trial has
+one retry however many paths queue it (the preempt path, the heartbeat reaper): a retry that is not its
+predecessor's first, or whose predecessor finished after all, ends FAIL at once (``budget.superseded``).
 The trial's MLflow run is the trainer's, nested under the sweep's parent run; it ends FINISHED with tag
 ``optuna.state`` = COMPLETE or PRUNED.
 """
@@ -29,7 +31,7 @@ from commrl.run import preempt, record
 from commrl.run.hooks import StopTraining, TrainCallbacks
 from commrl.run.record import RunSpec
 from commrl.run.summary import RunSummary
-from commrl.sweep.budget import SURPLUS_NOTE, BudgetFilled, is_surplus
+from commrl.sweep.budget import SURPLUS_NOTE, BudgetFilled, is_surplus, superseded
 from commrl.sweep.config import SweepConfig
 from commrl.sweep.grid import claim_point
 from commrl.sweep.heartbeat import TrialHeartbeat
@@ -129,6 +131,10 @@ class SweepObjective:
             trial.set_user_attr("note", SURPLUS_NOTE)
             raise BudgetFilled(SURPLUS_NOTE)
         frozen = self._frozen(trial, trials)
+        void = superseded(trials, frozen)
+        if void:
+            trial.set_user_attr("note", void)
+            raise BudgetFilled(void)
         if self.cfg.is_grid:
             claim_point(trial, frozen, trials, self.cfg.space)
         history = retry_history(frozen)
@@ -153,7 +159,8 @@ class SweepObjective:
                 hooks.reason = f"diverged: {err}"
             except (KeyboardInterrupt, preempt.Preempted) as stop:
                 # Optuna marks the trial FAIL: queue its retry now, as the heartbeat reaper would for a dead
-                # worker, so that the next worker resumes it at once (its checkpoint, its MLflow run)
+                # worker, so that the next worker resumes it at once (its checkpoint, its MLflow run); killed
+                # before that tell, the trial is reaped later and keeps this one retry (``enqueue_retry``)
                 queued = enqueue_retry(trial.study, self._frozen(trial), self.cfg.heartbeat)
                 outcome = retry_note(trial.number, queued, self.cfg.heartbeat.max_retry)
                 trial.set_user_attr("note", f"{str(stop) or 'interrupted'}; {outcome}")

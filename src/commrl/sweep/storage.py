@@ -3,8 +3,8 @@
 - One machine: ``sqlite:///results/optuna/<pair>.db`` (local disk) as ``RDBStorage`` with Optuna's heartbeat
   (and a file lock that makes trial state changes atomic between processes: ``SQLiteStorage``);
   a RUNNING trial whose worker died is failed after ``grace`` seconds and retried with the same params by
-  ``RetryHeartbeatStaleTrialCallback`` the next time any worker looks (Optuna 5's name; the old
-  ``failed_trial_callback`` is deprecated).
+  ``enqueue_retry`` (``RetryHeartbeatStaleTrialCallback``, once per trial) the next time any worker looks
+  (Optuna 5's ``heartbeat_stale_trial_callback``; the old ``failed_trial_callback`` is deprecated).
 - Several nodes: never sqlite on a shared filesystem (its locks are unreliable over NFS). Either a journal
   file on the shared filesystem (``JournalFileBackend``, symlink lock; Optuna has no heartbeat for it, so
   ``commrl.sweep.heartbeat`` stamps and reaps trials itself) or a PostgreSQL/MySQL URL (``RDBStorage`` with
@@ -13,8 +13,11 @@
 
 from __future__ import annotations
 
+import copy
 import fcntl
+import functools
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -27,20 +30,33 @@ from commrl.sweep.config import HeartbeatConfig, StorageSpec
 SQLITE_BUSY_TIMEOUT_S = 60  # sqlite waits this long for a lock (default 5 s: too short for several writers)
 
 
-def retry_callback(heartbeat: HeartbeatConfig) -> RetryHeartbeatStaleTrialCallback:
-    """Re-enqueue a stale trial with its params, user attributes and intermediate values."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RetryHeartbeatStaleTrialCallback(
-            max_retry=heartbeat.max_retry, inherit_intermediate_values=True
-        )
-
-
 def enqueue_retry(study: optuna.Study, trial: FrozenTrial, heartbeat: HeartbeatConfig) -> bool:
-    """Queue the retry of ``trial`` (``retry_callback``); returns whether the study now holds one (the
-    callback queues none once the chain has had its ``heartbeat.max_retry`` retries)."""
-    retry_callback(heartbeat)(study, trial)
-    return any(retry_history(t)[-1:] == [trial.number] for t in study.get_trials(deepcopy=False))
+    """Queue the retry of failed or stale ``trial`` (``RetryHeartbeatStaleTrialCallback``: its params, user
+    attributes and intermediate values) unless a trial retries it already; returns whether one does now (none
+    is queued once the chain has had its ``heartbeat.max_retry`` retries).
+
+    Three paths queue retries, each when it sees a trial die: the preempt path (before Optuna's tell marks the
+    trial FAIL), Optuna's RDB heartbeat (``retry_callback``) and the journal reaper. A worker killed between
+    the first and its tell leaves the trial RUNNING and then stale: the reaper must not queue a second retry.
+    """
+    if retry_of(study.get_trials(deepcopy=False), trial.number) is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            callback = RetryHeartbeatStaleTrialCallback(
+                max_retry=heartbeat.max_retry, inherit_intermediate_values=True
+            )
+        callback(study, copy.deepcopy(trial))  # a copy: it appends to the history list of the trial it gets
+    return retry_of(study.get_trials(deepcopy=False), trial.number) is not None
+
+
+def retry_callback(heartbeat: HeartbeatConfig) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """``enqueue_retry`` as the stale-trial callback of ``RDBStorage``."""
+    return functools.partial(enqueue_retry, heartbeat=heartbeat)
+
+
+def retry_of(trials: list[FrozenTrial], number: int) -> FrozenTrial | None:
+    """The retry of trial ``number``: the first trial (by number) that retries it; None if none does."""
+    return next((t for t in trials if retry_history(t)[-1:] == [number]), None)
 
 
 def retry_history(trial: FrozenTrial) -> list[int]:
