@@ -138,3 +138,25 @@ def test_a_new_study_refuses_the_trial_folders_of_a_lost_one(env, sweep_dict):
     with pytest.raises(SweepError, match="holds the trials of an earlier study named 'lost'"):
         init_study(cfg, "lost")
     assert "lost" not in study_names(open_storage(cfg.storage, cfg.heartbeat))
+
+
+def test_a_changed_pair_file_refuses_to_add_trials_to_the_study(env, sweep_dict, tmp_path, monkeypatch):
+    """The pair file the trials compose changed after init (the learning rate): a worker, or a rerun of init,
+    refuses to add trials trained under it, naming the key; the study's own settings are unchanged."""
+    import shutil
+
+    from commrl.config_tree import REPO, TREE_ENVS
+
+    cfg = SweepConfig.from_dict(sweep_dict)
+    init_study(cfg, "changed")
+    assert open_study(cfg, "changed", 0).user_attrs["trial_config"]["rl.lr"] == 1.0e-4
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    tree = tmp_path / "configs" / "train"
+    pair = tree / "pair" / "tiny.yaml"
+    pair.write_text(pair.read_text().replace("lr: 1.0e-4", "lr: 3.0e-4"))
+    monkeypatch.setenv(TREE_ENVS["train"], str(tree))
+    for attempt in (lambda: open_study(cfg, "changed", 1), lambda: init_study(cfg, "changed")):
+        with pytest.raises(
+            ConfigError, match=r"another config of tiny/method .*\n  rl\.lr: 0\.0001 -> 0\.0003"
+        ):
+            attempt()

@@ -68,16 +68,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from commrl.verl_ext import config as vc
 
-    commrl_overrides, verl_overrides = vc.split_overrides(args.overrides)
-    spec = vc.compose_run(args.pair, args.condition, args.seed, commrl_overrides, args.config_dir)
     data_dir = (args.data_dir or tracking.results_dir() / "data").resolve()
     out_dir = args.out.resolve()
     uri = tracking.default_tracking_uri()
     placement = record.RunSpec.from_json(args.run_spec) if args.run_spec else record.RunSpec()
     run_id = None if args.dry_run else record.recorded_run_id(out_dir, uri)
-    overrides = vc.run_overrides(spec, out_dir, data_dir, args.val_file, uri, run_id, verl_overrides)
-    cfg = vc.compose_verl_config(overrides)
-    vc.check_verl_config(cfg, spec)
+    spec, cfg = vc.compose_verl_run(
+        args.pair,
+        args.condition,
+        args.seed,
+        args.overrides,
+        out_dir,
+        data_dir,
+        args.val_file,
+        uri,
+        run_id,
+        args.config_dir,
+    )
     missing = [f for f in (cfg.data.train_files, cfg.data.val_files) if not Path(f).exists()]
     if args.dry_run:
         print(vc.resolved_yaml(cfg), end="")

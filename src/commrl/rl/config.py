@@ -11,6 +11,7 @@ field's dotted path, the value and what is allowed. The method's own knobs go to
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import typing
 from collections.abc import Mapping, Sequence
@@ -222,6 +223,15 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def resolved(self) -> dict[str, Any]:
+        """What the run computes with (``commrl.run.fingerprint``): the config, its method resolved (defaults
+        included), its model and data folders absolute."""
+        values = self.to_dict()
+        values["method"] = self.method_config().to_dict()
+        values["model"]["path"] = os.path.abspath(self.model.path)
+        values["data"]["dir"] = os.path.abspath(self.data.dir)
+        return values
 
     @property
     def out_path(self) -> Path:

@@ -121,7 +121,7 @@ class LocalTrainer:
         self.weights = WeightHistory(cfg.rl.staleness)
         self._version = 0  # the live weights' version: ticks trained (commrl.rl.staleness)
         self._sampler_version: int | None = None  # the version the sampler holds
-        self.run_config = fingerprint.of(self._resolved_config())  # what a resume must match
+        self.run_config = fingerprint.of(cfg.resolved())  # what a resume must match
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -267,15 +267,6 @@ class LocalTrainer:
                 fh.write(json.dumps({"step": step, **metrics}) + "\n")
 
     # ------------------------------------------------------------------ state
-    def _resolved_config(self) -> dict[str, Any]:
-        """What the run computes with (``commrl.run.fingerprint``): the config, its method resolved (defaults
-        included), its model and data folders absolute."""
-        values = self.cfg.to_dict()
-        values["method"] = self.cfg.method_config().to_dict()
-        values["model"]["path"] = os.path.abspath(self.cfg.model.path)
-        values["data"]["dir"] = os.path.abspath(self.cfg.data.dir)
-        return values
-
     def _state(self, tick: int) -> dict[str, Any]:
         return {
             "tick": tick,

@@ -4,9 +4,11 @@
 parent run (concurrent creation of a fresh sqlite study crashes, so workers never create). It is
 idempotent: a second call changes nothing, and a call after a crash half-way finishes what is missing.
 The study keeps its identity (``SweepConfig.to_dict``: what a trial trains and what its outcome means) in its
-user attributes; a worker whose config no longer matches refuses to run. A grid may grow (values added to its
-axes): ``init`` then stores the new grid and enqueues the new points. Each worker index counts its starts in
-the study (``worker_starts/<index>``), so that a restarted worker samples new points (``sampler_seed``).
+user attributes, and beside it the composed config a trial computes with (``trial_config``: a changed
+condition or pair file); a worker whose config no longer matches refuses to run. A grid may grow (values
+added to its axes): ``init`` then stores the new grid and enqueues the new points. Each worker index counts
+its starts in the study (``worker_starts/<index>``), so that a restarted worker samples new points
+(``sampler_seed``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import optuna
 
 from commrl import tracking
 from commrl.errors import ConfigError
+from commrl.run import fingerprint
 from commrl.sweep.config import PrunerConfig, SamplerConfig, SweepConfig
 from commrl.sweep.grid import enqueue_missing
 from commrl.sweep.space import GridSpace
 from commrl.sweep.storage import open_storage, storage_exists, study_names
-from commrl.sweep.trial_config import trials_dir
+from commrl.sweep.trial_config import trial_config, trials_dir
 
 IDENTITY_ATTR = "sweep_config"
+TRIAL_CONFIG_ATTR = "trial_config"  # what a trial computes with (trial_config.trial_config)
 PARENT_ATTR = "mlflow_parent_run_id"
 DEFAULTS_ATTR = "defaults_enqueued"
 STARTS_ATTR = "worker_starts"  # <STARTS_ATTR>/<index>: how many times a worker of that index opened the study
@@ -91,6 +95,9 @@ def init_study(cfg: SweepConfig, name: str) -> dict:
     check_identity(study, cfg)
     if study.user_attrs.get(IDENTITY_ATTR) != cfg.to_dict():  # new, or a grid that grew
         study.set_user_attr(IDENTITY_ATTR, cfg.to_dict())
+    composed = check_trial_config(study, cfg)
+    if study.user_attrs.get(TRIAL_CONFIG_ATTR) != composed:
+        study.set_user_attr(TRIAL_CONFIG_ATTR, composed)
     if isinstance(cfg.space, GridSpace):
         enqueue_missing(study, cfg.space)
     elif not study.user_attrs.get(DEFAULTS_ATTR):
@@ -123,6 +130,7 @@ def open_study(cfg: SweepConfig, name: str, worker: int | None = None) -> optuna
         )
     study = optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(cfg.pruner))
     check_identity(study, cfg)
+    check_trial_config(study, cfg)
     if PARENT_ATTR not in study.user_attrs:
         raise SweepError(
             f"study {name!r} has no MLflow parent run; rerun `commrl sweep init` to finish its set-up"
@@ -164,6 +172,23 @@ def check_identity(study: optuna.Study, cfg: SweepConfig) -> None:
             "start a new study with another --study name (n_trials, n_workers, the heartbeat and the sampler "
             "may change freely, a grid may gain values)"
         )
+
+
+def check_trial_config(study: optuna.Study, cfg: SweepConfig) -> dict:
+    """The composed trial config now (``trial_config``); a ``ConfigError`` naming each changed key when the
+    study's trials were trained under another (a changed condition or pair file: its new trials would not be
+    comparable with the old ones, and a finished study would pass for the new config's). A study created
+    before it kept one has nothing to compare: ``init`` records it."""
+    current = trial_config(cfg)
+    stored = study.user_attrs.get(TRIAL_CONFIG_ATTR)
+    changed = fingerprint.differences(stored, current, tick=0) if stored is not None else []
+    if changed:
+        raise ConfigError(
+            f"study {study.study_name!r} was trained under another config of {cfg.pair}/{cfg.condition} "
+            "(changed, study -> now):\n  " + "\n  ".join(changed) + "\nRestore it, or start a new study "
+            "with another --study name"
+        )
+    return current
 
 
 def ensure_parent_run(study: optuna.Study, cfg: SweepConfig) -> str:

@@ -72,12 +72,46 @@ def verl_command(
         "--out",
         str(out_dir),
         *(["--run-spec", run.to_json()] if run is not None else []),
+        *verl_overrides(cfg, params),
+    ]
+
+
+def verl_overrides(cfg: SweepConfig, params: Mapping[str, Any]) -> list[str]:
+    """The ``key=value`` arguments of ``commrl verl-train`` for one trial."""
+    return [
         f"ticks={cfg.ticks}",
         f"read_at={cfg.read_at}",
         f"val_every={cfg.val_every}",
         *point_overrides(params, "verl"),
         *cfg.train_overrides,
     ]
+
+
+def trial_config(cfg: SweepConfig) -> dict[str, Any]:
+    """What a trial computes with, at the study's reference point (its defaults, else the space's first check
+    point), recorded as a run records its own (``commrl.run.fingerprint.of``): the composed config of the
+    pair and condition files. A study keeps it, so that a changed file refuses to add trials trained under
+    it to the old ones (``study.check_trial_config``)."""
+    from commrl.run import fingerprint
+
+    point = next(iter(_check_points(cfg).values()))
+    unused = Path("trial-config")  # the trial's folder: exempt from the record
+    if cfg.driver == "verl":
+        from commrl.verl_ext import config as vc
+        from commrl.verl_ext.checkpoint import resolved_config
+
+        run, verl_cfg = vc.compose_verl_run(
+            cfg.pair,
+            cfg.condition,
+            trial_seed(cfg, point),
+            verl_overrides(cfg, point),
+            unused,
+            (tracking.results_dir() / "data").resolve(),
+        )
+        return fingerprint.of(resolved_config(run, verl_cfg))
+    from commrl.rl.config import load_train_config
+
+    return fingerprint.of(load_train_config(local_overrides(cfg, point, unused)).resolved())
 
 
 def check_trials(cfg: SweepConfig) -> None:

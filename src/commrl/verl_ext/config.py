@@ -419,6 +419,29 @@ def compose_verl_config(overrides: Sequence[str]):
         ) from err
 
 
+def compose_verl_run(
+    pair: str,
+    condition: str,
+    seed: int,
+    overrides: Sequence[str],
+    out_dir: Path,
+    data_dir: Path,
+    val_file: Path | None = None,
+    tracking_uri: str | None = None,
+    mlflow_run_id: str | None = None,
+    config_dir: str | Path | None = None,
+):
+    """``(run, cfg)`` of ``commrl verl-train``'s arguments: commrl's keys of ``overrides`` compose the run
+    (``compose_run``), the others go to verl's config (``run_overrides``, ``compose_verl_config``), checked
+    against each other (``check_verl_config``)."""
+    commrl_overrides, verl_overrides = split_overrides(overrides)
+    run = compose_run(pair, condition, seed, commrl_overrides, config_dir)
+    extra = run_overrides(run, out_dir, data_dir, val_file, tracking_uri, mlflow_run_id, verl_overrides)
+    cfg = compose_verl_config(extra)
+    check_verl_config(cfg, run)
+    return run, cfg
+
+
 def check_verl_config(cfg, run: VerlRun | None = None) -> None:
     """verl's own checks (``validate_config``, as ``main_ppo`` runs them), failures as ``ConfigError``; with
     ``run``, also that verl produces its read point (``check_read_point``)."""
