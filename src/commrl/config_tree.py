@@ -13,7 +13,7 @@ driver -> why that driver cannot run the condition (absent: every driver runs it
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +98,13 @@ def check_driver(condition: str, unsupported: Any, driver: str) -> None:
             f"condition {condition!r} does not run on the {driver} driver: {unsupported[driver]} "
             f"(unsupported_drivers.{driver} in {where}){fix}"
         )
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, leaf value) pairs of a nested mapping; an empty mapping is a leaf."""
+    for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            yield from flatten(value, name)
+        else:
+            yield name, value

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from commrl.config_tree import flatten
 from commrl.errors import ConfigError
 
 EXEMPT = (
@@ -93,16 +94,7 @@ def of(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` as a run records it: dotted keys (an empty mapping is a value), JSON values (paths as
     strings), the ``EXEMPT`` keys left out."""
     plain = json.loads(json.dumps(config, default=str))
-    return {key: value for key, value in _flatten(plain) if not exempt(key)}
-
-
-def _flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in values.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping) and value:
-            yield from _flatten(value, name)
-        else:
-            yield name, value
+    return {key: value for key, value in flatten(plain) if not exempt(key)}
 
 
 def differences(recorded: Mapping[str, Any], current: Mapping[str, Any], tick: int) -> list[str]:

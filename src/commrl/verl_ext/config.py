@@ -33,7 +33,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -321,16 +321,6 @@ def hydra_value(value: Any) -> str:
     return f"'{text}'"
 
 
-def flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, leaf value) pairs of a nested mapping; an empty mapping is a leaf."""
-    for key, value in values.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping) and value:
-            yield from flatten(value, name)
-        else:
-            yield name, value
-
-
 def data_files(run: VerlRun, data_dir: Path, val_file: Path | None = None) -> tuple[Path, Path]:
     """``<data_dir>/<train>/train.parquet`` and ``<data_dir>/<val>/test.parquet`` (or ``val_file``)."""
     train = data_dir / run.train_dataset / "train.parquet"
@@ -356,7 +346,9 @@ def run_overrides(
 ) -> list[str]:
     """Overrides of verl's ``ppo_trainer`` for this run: the pair's recipe, commrl's keys, then ``extra``."""
     train, val = data_files(run, data_dir, val_file)
-    check_no_correction_keys([f"{key}=" for key, _ in flatten(run.verl)], "in the pair's `verl:` recipe")
+    check_no_correction_keys(
+        [f"{key}=" for key, _ in config_tree.flatten(run.verl)], "in the pair's `verl:` recipe"
+    )
     check_no_correction_keys(extra, "on the command line")
     derived: dict[str, Any] = {
         "actor_rollout_ref.model.path": run.model,
@@ -385,7 +377,7 @@ def run_overrides(
     # keys under verl's free-form HF config overrides are not in its schema: added (or replaced) with ++
     overrides = [
         f"{'++' if key.startswith(HF_OVERRIDES) else ''}{key}={hydra_value(value)}"
-        for key, value in flatten(run.verl)
+        for key, value in config_tree.flatten(run.verl)
     ]
     overrides += [f"{key}={hydra_value(value)}" for key, value in derived.items()]
     if run.attention_dropout > 0:
