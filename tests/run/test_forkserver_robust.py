@@ -80,6 +80,13 @@ def _ignore_hup_and_usr1() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
+def _default_hup_and_int() -> None:
+    """SIGHUP and SIGINT as in a terminal's foreground job: a test run under nohup or in a background job
+    inherits them ignored, and a client that ignores a signal passes the ignore on to its job."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_signals_the_client_ignores_are_ignored_by_its_job(server, tmp_path):
     client = _long_job(server.env(), tmp_path / "out", preexec_fn=_ignore_hup_and_usr1)
     (fork,) = _wait_for_fork(server)
@@ -168,7 +175,10 @@ def _children(parent: int) -> list[int]:
 def test_the_launcher_ends_as_its_command_does_under_sighup_and_signals(tmp_path):
     script = f"trap 'kill $!; exit 7' HUP; echo \"${forkserver.ENV_VAR}\"; sleep 60 & wait"
     hung_up = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, "sh", "-c", script], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", LAUNCHER, "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_hup_and_int,
     )
     assert hung_up.stdout.readline().strip()
     time.sleep(0.5)  # the launcher's handlers are in place once the command runs
@@ -233,7 +243,7 @@ def test_home_and_xdg_variables_are_import_time_and_an_unset_thread_count_differ
 
 
 def test_ctrl_c_kills_a_forked_job_with_sigint_and_a_traceback(server, tmp_path):
-    client = _long_job(server.env(), tmp_path / "out")
+    client = _long_job(server.env(), tmp_path / "out", preexec_fn=_default_hup_and_int)
     _wait_for_fork(server)
     time.sleep(1.0)
     client.send_signal(signal.SIGINT)

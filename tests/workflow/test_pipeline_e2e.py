@@ -52,6 +52,7 @@ def pipeline(tmp_path_factory) -> Workflow:
     config["pairs"]["tiny"]["eval"]["conditions"] = list(EVALUATED)
     sweep = yaml.safe_load((wf.root / "configs/sweep/tiny.yaml").read_text())
     sweep.update(n_trials=SWEEP_TRIALS, ticks=10, read_at=10)  # the sweep's 20-tick trials halved
+    sweep["pruner"]["n_warmup_steps"] = 5  # halved too: the pruner may stop a trial at its tick-5 validation
     (wf.root / "configs/sweep/e2e.yaml").write_text(yaml.safe_dump(sweep, sort_keys=False))
     config["pairs"]["tiny"]["sweep"]["config"] = "configs/sweep/e2e.yaml"
     wf.configfile = wf.write_config(config, "one-seed.yaml")
