@@ -271,6 +271,13 @@ def fill_sweep_as_commrl_sweep_logs_it(client, exp_id: str) -> None:
     client.set_terminated(sweep.info.run_id, "FINISHED")
 
 
+@pytest.fixture
+def log_train_run():
+    """``train_run``, for a test that fills a store of its own (a fixture: test modules do not import
+    ``conftest``, whose module name other test folders share)."""
+    return train_run
+
+
 @pytest.fixture(scope="session")
 def store_uri(tmp_path_factory) -> str:
     """The URI of a filled sqlite store (created once per session)."""

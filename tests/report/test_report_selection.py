@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import train_run
 
 from commrl import tracking
 from commrl.report import ReportInputError, build_report
@@ -36,14 +35,14 @@ def _eval(client, exp_id: str, parent: str, value: float, out: Path) -> Path:
 
 
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path, log_train_run):
     """Pair P: the pipeline's method seed 0 (score from 0.3) with its evaluation and sweep, then a one-off
     run of the same condition and seed (another setting, score from 0.9), its evaluation and a sweep."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking.init_store(tracking_uri=uri)
     client = tracking.client(uri)
     exp = tracking.ensure_experiment(tracking.experiment_name("P"), uri, client)
-    ours = train_run(client, exp, "P", "method", 0, {"score/mean": SCORE}, 20)
+    ours = log_train_run(client, exp, "P", "method", 0, {"score/mean": SCORE}, 20)
     files = [_summary(tmp_path / "runs" / "method" / "seed0", ours)]
     files.append(_eval(client, exp, ours, 0.5, tmp_path / "ours_eval.json"))
     for study in ("P-study", "other-study"):
@@ -55,7 +54,7 @@ def store(tmp_path):
     sweep_dir.mkdir(parents=True)
     (sweep_dir / "best_params.json").write_text(json.dumps({"study": "P-study", "pair": "P"}))
     files.append(sweep_dir)
-    theirs = train_run(
+    theirs = log_train_run(
         client, exp, "P", "method", 0, {"score/mean": {t: v + 0.6 for t, v in SCORE.items()}}, 20
     )
     _eval(client, exp, theirs, 0.9, tmp_path / "their_eval.json")

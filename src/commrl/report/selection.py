@@ -59,15 +59,15 @@ def _named(path: Path) -> tuple[str, str]:
     """``(kind, run id or study)`` of one ``--only`` path."""
     if path.is_dir():
         if (path / BEST_PARAMS).is_file():
-            return "sweep", _field(path / BEST_PARAMS, "study")
+            return "sweep", _field(path / BEST_PARAMS, _json(path / BEST_PARAMS), "study")
         if (path / SUMMARY_FILE).is_file():
-            return "train", _train_run_id(path)
+            return "train", _train_run_id(path / SUMMARY_FILE, _json(path / SUMMARY_FILE))
     elif path.is_file():
         values = _json(path)
         if "benchmark" in values:
-            return "eval", _field(path, "mlflow_run_id")
+            return "eval", _field(path, values, "mlflow_run_id")
         if "ticks_trained" in values:
-            return "train", _train_run_id(path)
+            return "train", _train_run_id(path, values)
     elif not path.exists():
         raise ReportInputError(f"--only: {path} does not exist; run the rule that writes it, or leave it out")
     raise ReportInputError(
@@ -76,9 +76,9 @@ def _named(path: Path) -> tuple[str, str]:
     )
 
 
-def _train_run_id(path: Path) -> str:
+def _train_run_id(path: Path, values: dict) -> str:
     try:
-        run_id = RunSummary.read(path).mlflow_run_id
+        run_id = RunSummary.from_dict(values, str(path)).mlflow_run_id
     except SummaryError as err:
         raise ReportInputError(f"--only: {err}") from None
     if not run_id:
@@ -96,8 +96,8 @@ def _json(path: Path) -> dict:
     return values
 
 
-def _field(path: Path, key: str) -> str:
-    value = _json(path).get(key)
+def _field(path: Path, values: dict, key: str) -> str:
+    value = values.get(key)
     if not isinstance(value, str) or not value:
         raise ReportInputError(f"--only: {path} has no {key} (logged without MLflow?); rerun its rule")
     return value

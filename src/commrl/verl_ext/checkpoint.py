@@ -16,11 +16,11 @@ before verl's first step, checked by every resume (``record_run_config``).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from commrl import tracking
+from commrl.eval.atomic import write_text_atomic
 from commrl.run import fingerprint
 from commrl.run.summary import FINAL_DIR, RunSummary, read_point, read_point_dir_name
 from commrl.staging import staged_dir
@@ -74,10 +74,7 @@ def record_run_config(out_dir: Path, spec: VerlRun, cfg) -> None:
         inside = checkpoints.resolve().is_relative_to(out_dir.resolve())
         folders = [out_dir] if inside else [out_dir, checkpoints]
         fingerprint.check_resume(recorded, current, done, folders)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{RUN_CONFIG}.tmp"
-    tmp.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(current, indent=1, sort_keys=True) + "\n")
 
 
 def val_acc_history(run_id: str, tracking_uri: str | None = None) -> dict[int, float]:
