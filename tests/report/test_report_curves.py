@@ -79,6 +79,20 @@ def test_per_seed_drops_seeds_without_a_value():
     assert cv.per_seed(found, lambda s: cv.exact_at(s, 5)) == {"0": 0.2}
 
 
+def test_an_infinity_counts_as_not_logged_in_the_read_outs_as_in_the_bands():
+    found = {
+        "0": series({0: 0.1, 5: 0.3}),
+        "1": series({0: float("inf"), 5: 0.5}),
+        "2": series({5: -float("inf")}),
+    }
+    assert cv.per_seed(found, lambda s: cv.exact_at(s, 0)) == {"0": 0.1}
+    assert cv.per_seed(found, cv.mean_over_ticks) == {"0": pytest.approx(0.2), "1": 0.5}
+    assert cv.per_seed(found, cv.best) == {"0": (5, 0.3), "1": (5, 0.5)}
+    assert cv.per_seed(found, cv.start_mean) == {"0": pytest.approx(0.2), "1": 0.5}
+    curve = cv.aggregate(list(found.values()))
+    assert curve.n.tolist() == [1, 2] and curve.mean.tolist() == pytest.approx([0.1, 0.4])
+
+
 def test_last_common_tick():
     a = series({0: 0.0, 5: 0.0, 10: 0.0})
     b = series({0: 0.0, 5: 0.0})

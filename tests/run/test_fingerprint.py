@@ -78,14 +78,25 @@ def test_a_changed_method_setting_is_refused_naming_each_key_old_new_and_the_fix
     assert "Restore these settings" in message and "move or delete /runs/tiny/method/seed0" in message
 
 
-def test_a_key_only_one_side_has_is_a_difference():
-    recorded = fingerprint.of(RUN)
-    now = {**recorded, "method.fast_step": False}
+def test_a_key_only_one_side_has_is_another_version_warned_not_refused(capsys):
+    recorded = {**fingerprint.of(RUN), "threads": 4}  # an exempt key of an older record: not listed
+    now = {**fingerprint.of(RUN), "method.fast_step": False}
     del now["method.rank"]
-    assert fingerprint.differences(recorded, now, 10) == [
+    assert fingerprint.differences(recorded, now, 10) == []
+    assert fingerprint.version_changes(recorded, now) == [
         "method.fast_step: (not set) -> False",
         "method.rank: 6 -> (not set)",
     ]
+    fingerprint.check_resume(recorded, now, 10, [Path("/runs/x")])
+    err = capsys.readouterr().err
+    assert "another commrl or verl version" in err and "/runs/x" in err
+    assert "method.fast_step: (not set) -> False" in err and "method.rank: 6 -> (not set)" in err
+    now["pair"] = "A"  # a key both have still refuses, and the warning still comes
+    with pytest.raises(ConfigError, match="pair: 'tiny' -> 'A'"):
+        fingerprint.check_resume(recorded, now, 10, [Path("/runs/x")])
+    assert "method.fast_step" in capsys.readouterr().err
+    fingerprint.check_resume(fingerprint.of(RUN), fingerprint.of(RUN), 10, [Path("/runs/x")])
+    assert capsys.readouterr().err == ""
 
 
 def test_ticks_may_grow_but_not_fall_below_the_checkpoint():

@@ -160,3 +160,18 @@ def test_a_changed_pair_file_refuses_to_add_trials_to_the_study(env, sweep_dict,
             ConfigError, match=r"another config of tiny/method .*\n  rl\.lr: 0\.0001 -> 0\.0003"
         ):
             attempt()
+
+
+def test_a_setting_only_another_version_has_is_warned_not_refused(env, sweep_dict, capsys):
+    """A study recorded by a commrl with a since-removed ``rl.old_knob`` (a setting only one side has) takes
+    new trials, naming it on stderr."""
+    cfg = SweepConfig.from_dict(sweep_dict)
+    init_study(cfg, "upgraded")
+    study = open_study(cfg, "upgraded", 0)
+    recorded = dict(study.user_attrs["trial_config"])
+    recorded["rl.old_knob"] = 3
+    study.set_user_attr("trial_config", recorded)
+    capsys.readouterr()
+    open_study(cfg, "upgraded", 1)
+    err = capsys.readouterr().err
+    assert "another commrl or verl version" in err and "rl.old_knob: 3 -> (not set)" in err

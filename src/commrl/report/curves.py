@@ -33,8 +33,8 @@ class Curve:
 
 
 def aggregate(series: Sequence[Series]) -> Curve:
-    """``mean_t = (1/|S_t|) sum_{s in S_t} y_s(t)``, ``S_t`` the seeds that logged tick ``t`` (NaN ignored),
-    with the interval of that mean over ``S_t``."""
+    """``mean_t = (1/|S_t|) sum_{s in S_t} y_s(t)``, ``S_t`` the seeds that logged a finite value at tick
+    ``t`` (NaN and infinities count as not logged), with the interval of that mean over ``S_t``."""
     steps = np.unique(np.concatenate([s.steps for s in series])) if series else np.array([], dtype=np.int64)
     table = np.full((len(series), len(steps)), np.nan)
     for i, s in enumerate(series):
@@ -73,12 +73,13 @@ def last_tick(runs: PairRuns, metric: str, conditions: Sequence[str]) -> int | N
 
 
 def per_seed(series: Mapping[str, Series], readout: Callable[[Series], T | None]) -> dict[str, T]:
-    """``seed -> readout(series)``, without the seeds whose read-out is None or NaN (a tuple's value)."""
+    """``seed -> readout(series)``, without the seeds whose read-out is None or not finite (a tuple's value):
+    a NaN or an infinity counts as not logged, as in ``aggregate``'s bands."""
     out = {}
     for seed, s in series.items():
         value = readout(s)
         number = value[-1] if isinstance(value, tuple) else value
-        if value is not None and not math.isnan(number):
+        if value is not None and math.isfinite(number):
             out[seed] = value
     return out
 
@@ -127,21 +128,22 @@ def gain_at(s: Series, tick: int | None) -> tuple[int, float] | None:
 def start_mean(s: Series, n: int = 3) -> float | None:
     """The mean of the first ``n`` logged ticks (ticks 0..2 when logging starts at 0): the starting level."""
     values = s.values[:n]
-    values = values[~np.isnan(values)]
+    values = values[np.isfinite(values)]
     return float(values.mean()) if len(values) else None
 
 
 def mean_over_ticks(s: Series) -> float | None:
-    """``(1/T) sum_t y(t)`` over the logged ticks (NaN ignored); None when every value is NaN."""
-    values = s.values[~np.isnan(s.values)]
+    """``(1/T) sum_t y(t)`` over the logged ticks (NaN and infinities ignored); None when none is finite."""
+    values = s.values[np.isfinite(s.values)]
     return float(values.mean()) if len(values) else None
 
 
 def best(s: Series) -> tuple[int, float] | None:
-    """``(t, max_t y(t))``, the earliest tick on a tie; None when every value is NaN."""
-    if np.all(np.isnan(s.values)):
+    """``(t, max_t y(t))`` over the finite values, the earliest tick on a tie; None when none is finite."""
+    finite = np.isfinite(s.values)
+    if not finite.any():
         return None
-    i = int(np.nanargmax(s.values))
+    i = int(np.argmax(np.where(finite, s.values, -np.inf)))
     return int(s.steps[i]), float(s.values[i])
 
 

@@ -25,6 +25,11 @@ which resources compute it, not what it computes (a key covers the keys under it
   ``*.gpu_memory_utilization``), verl's nodes and GPUs per node (``*.nnodes``, ``*.n_gpus_per_node``);
 - ``unsupported_drivers``: a condition's note on the drivers that cannot run it.
 
+A key that only one side has (``(not set) -> value``, ``value -> (not set)``) is not refused but listed in a
+warning: both sides are resolved configs with every default, so such a key comes from another commrl or verl
+version (a setting added, renamed or removed), not from the run's config. An upgrade that adds a setting keeps
+the old behaviour at its default; the warning names each key so that a non-default one can be checked.
+
 The run's length and read point are recorded but may move forward: ``rl.ticks`` (verl:
 ``trainer.total_training_steps``) may grow, extending a run, finished or not, but not fall below the
 checkpoint's tick; ``rl.read_at`` (verl: ``read_at``) may move to a tick after the checkpoint's (its model is
@@ -98,11 +103,11 @@ def of(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def differences(recorded: Mapping[str, Any], current: Mapping[str, Any], tick: int) -> list[str]:
-    """``key: recorded -> current`` for each key a resume at ``tick`` must not change (``EXEMPT`` keys of
-    an older record are ignored; run length and read point may move forward)."""
+    """``key: recorded -> current`` for each key both sides have that a resume at ``tick`` must not change
+    (``EXEMPT`` keys of an older record are ignored; run length and read point may move forward)."""
     out = []
-    for key in sorted(set(recorded) | set(current)):
-        old, new = recorded.get(key, _UNSET), current.get(key, _UNSET)
+    for key in sorted(set(recorded) & set(current)):
+        old, new = recorded[key], current[key]
         if old == new or exempt(key):
             continue
         if key in TICKS_KEYS and isinstance(new, int):
@@ -117,6 +122,28 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any], tick: i
             why = ""
         out.append(f"{key}: {_show(old)} -> {_show(new)}{why}")
     return out
+
+
+def version_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``key: recorded -> current`` for each non-``EXEMPT`` key only one side has: a setting another commrl or
+    verl version added, renamed or removed (both sides hold every default)."""
+    one_side = set(recorded) ^ set(current)
+    return [
+        f"{key}: {_show(recorded.get(key, _UNSET))} -> {_show(current.get(key, _UNSET))}"
+        for key in sorted(one_side)
+        if not exempt(key)
+    ]
+
+
+def warn_version_changes(changes: Sequence[str], what: str) -> None:
+    """Print ``version_changes`` of ``what`` (a run, a study) on stderr, if any."""
+    if changes:
+        print(
+            f"commrl: warning: {what} was recorded by another commrl or verl version: these settings exist on "
+            "one side only (recorded -> now); continuing, as a new setting keeps the old behaviour at its "
+            "default -- check any that is not at its default:\n  " + "\n  ".join(changes),
+            file=sys.stderr,
+        )
 
 
 def _show(value: Any) -> str:
@@ -138,6 +165,7 @@ def check_resume(
         )
         return
     diffs = differences(recorded, current, tick)
+    warn_version_changes(version_changes(recorded, current), f"the run in {where}")
     if diffs:
         raise ConfigError(
             f"{folders[0]} holds a run checkpointed at tick {tick} under another config; resuming it would "

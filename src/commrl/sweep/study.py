@@ -181,7 +181,12 @@ def check_trial_config(study: optuna.Study, cfg: SweepConfig) -> dict:
     before it kept one has nothing to compare: ``init`` records it."""
     current = trial_config(cfg)
     stored = study.user_attrs.get(TRIAL_CONFIG_ATTR)
-    changed = fingerprint.differences(stored, current, tick=0) if stored is not None else []
+    if stored is None:
+        return current
+    changed = fingerprint.differences(stored, current, tick=0)
+    fingerprint.warn_version_changes(
+        fingerprint.version_changes(stored, current), f"study {study.study_name!r}"
+    )
     if changed:
         raise ConfigError(
             f"study {study.study_name!r} was trained under another config of {cfg.pair}/{cfg.condition} "
