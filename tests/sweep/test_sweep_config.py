@@ -232,6 +232,15 @@ def test_worker_rejects_a_bad_space_before_any_trial(env, sweep_dict, write_conf
     assert [t.state for t in trials] == [optuna.trial.TrialState.WAITING]  # only the enqueued defaults
 
 
+def test_worker_index_must_be_one_of_the_configs_workers(env, sweep_dict, write_config, capsys):
+    path = write_config({**sweep_dict, "n_workers": 2})
+    for worker in (-1, 2):
+        assert main(["sweep", "worker", "--config", str(path), "--worker", str(worker)]) == 2
+        err = capsys.readouterr().err
+        assert f"--worker={worker} is out of range: workers are 0 .. 1 (n_workers=2 in {path}" in err
+        assert "raise n_workers" in err
+
+
 def test_worker_refuses_a_space_that_differs_from_the_studys(env, sweep_dict, write_config, capsys):
     assert main(["sweep", "init", "--config", str(write_config(sweep_dict, "a.yaml"))]) == 0
     changed = with_change(sweep_dict, "space.cadence", {"type": "int", "low": 2, "high": 30})

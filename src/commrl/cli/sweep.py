@@ -72,8 +72,11 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "init":
             return _init(cfg, study, args.out)
         if args.action == "worker":
-            if args.worker < 0:
-                raise ConfigError(f"--worker={args.worker} must be >= 0")
+            if not 0 <= args.worker < cfg.n_workers:
+                raise ConfigError(
+                    f"--worker={args.worker} is out of range: workers are 0 .. {cfg.n_workers - 1} "
+                    f"(n_workers={cfg.n_workers} in {args.config}; raise n_workers to run more of them)"
+                )
             return _worker(cfg, study, args.worker, args.out)
         return _summary(cfg, study, args.out)
     except SweepError as err:
