@@ -139,8 +139,8 @@ def warn_version_changes(changes: Sequence[str], what: str) -> None:
     """Print ``version_changes`` of ``what`` (a run, a study) on stderr, if any."""
     if changes:
         print(
-            f"commrl: warning: {what} was recorded by another commrl or verl version: these settings exist on "
-            "one side only (recorded -> now); continuing, as a new setting keeps the old behaviour at its "
+            f"commrl: warning: {what} was recorded by another commrl or verl version: these settings exist "
+            "on one side only (recorded -> now); continuing, as a new setting keeps the old behaviour at its "
             "default -- check any that is not at its default:\n  " + "\n  ".join(changes),
             file=sys.stderr,
         )
