@@ -15,6 +15,7 @@ bytes: runs
 compressed: method
 layout: {stages: 5, dp: 2, points: 4, collective: allreduce, micro_batches: 4}
 passes: {fast: 2, fire: 3}
+element_bytes: {grads: 4, params: 4}
 target_fraction: 0.95
 interconnects: [1GbE, 10GbE, IB-NDR]
 sweep: {low_gbps: 0.1, high_gbps: 400, latency_us: 5, tolerance: 0.01}

@@ -16,6 +16,7 @@ from commrl.netmodel import (
     Compute,
     Layout,
     Link,
+    NetModelError,
     TickInputs,
     all_gather_time,
     comm_time,
@@ -88,7 +89,8 @@ def test_weight_update_is_set_by_the_largest_stage():
     """Layers as even as possible (the left-over ones to the middle stages, then the first); pair A on 4
     stages: 7 layers of 46,797,824 parameters each, the embedding 151936 x 1536 = 233,373,696 on the first
     stage, the final norm (1536) and the tied head's copy of the embedding on the last: 560,960,000
-    parameters, 1.45 x the even share W / 4; PowerSGD's rank-77 factors on a fast tick: 34,070,144."""
+    parameters, 1.45 x the even share W / 4; PowerSGD's rank-77 factors on a fast tick: 34,070,144. FSDP
+    reduce-scatters that stage's fp32 gradients and all-gathers its bf16 parameters (pair_A.yaml)."""
     assert stage_layers(28, 4) == [7, 7, 7, 7] and stage_layers(30, 4) == [7, 8, 8, 7]
     assert stage_layers(31, 4) == [8, 8, 8, 7] and stage_layers(4, 5) == [1, 1, 1, 1, 0]
     assert stage_layers(5, 1) == [5] and stage_layers(3, 2) == [2, 1]
@@ -105,7 +107,8 @@ def test_weight_update_is_set_by_the_largest_stage():
     assert shares["dense"] / (pair_a_summary().dense_weights / 4) == pytest.approx(1.4535, abs=1e-4)
     inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=3, stages=4)["dense"]
     t = inputs.comm(Layout(4, 8, 28, "rs_ag"), IB100).weights
-    assert t[0] == pytest.approx(2 * (7e-6 + 7 / 8 * 4 * 560_960_000 / 12.5e9), rel=1e-12)
+    gradients, parameters = 4 * 560_960_000, 2 * 560_960_000
+    assert t[0] == pytest.approx(14e-6 + 7 / 8 * (gradients + parameters) / 12.5e9, rel=1e-12)
 
 
 def test_rs_ag_all_reduces_a_compressed_update_and_gathers_the_parameters_dense():
@@ -131,19 +134,59 @@ def test_rs_ag_all_reduces_a_compressed_update_and_gathers_the_parameters_dense(
     assert comm_time(shares, fsdp, IB100).weights == pytest.approx(expected, rel=1e-12)
 
 
+def test_rs_ag_gathers_the_parameters_at_their_own_element_size():
+    """FSDP with mixed precision (verl's default: fp32 gradients reduced, bf16 parameters gathered,
+    ``param_scale = 2 / 4``), 4 stages x 2 replicas, 1e9 gradient bytes a stage: a dense update
+    reduce-scatters 1e9 bytes and all-gathers 0.5e9, 2 us + 1/2 x 1.5e9 / 12.5e9 s. Whether an update is
+    compressed is judged against the dense update at the gradients' element size, not against the gathered
+    bytes: 3e9 of a dense 4e9 (0.75e9 a stage, above the 0.5e9 gathered) is still ring all-reduced."""
+    fsdp = Layout(4, 2, 28, "rs_ag")
+    dense = comm_time(ChannelBytes(0, 0, 4e9, 2, param_scale=0.5), fsdp, IB100).weights
+    assert dense == pytest.approx(2e-6 + 0.5 * 1.5e9 / 12.5e9, rel=1e-12)
+    weak = comm_time(ChannelBytes(0, 0, 3e9, 2, params=4e9, param_scale=0.5), fsdp, IB100).weights
+    assert weak == pytest.approx(2e-6 + 0.75e9 / 12.5e9 + 1e-6 + 0.5 * 0.5e9 / 12.5e9, rel=1e-12)
+    ddp = comm_time(ChannelBytes(0, 0, 4e9, 2, param_scale=0.5), Layout(4, 2, 28), IB100).weights
+    assert ddp == pytest.approx(2e-6 + 1e9 / 12.5e9, rel=1e-12)  # DDP gathers no parameters
+    for scale in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(NetModelError, match=r"bytes.param_scale=.* must be a finite number > 0"):
+            ChannelBytes(0, 0, 4e9, 2, param_scale=scale)
+
+
+def test_pair_a_gathers_bf16_parameters_as_verls_fsdp_engine_does():
+    """pair_A.yaml's ``param_bytes: 2`` (verl's FSDP ``param_dtype`` default, bf16) against its
+    ``grad_bytes: 4`` (``reduce_dtype`` fp32): on 4 stages x 8 replicas at 1GbE dense's update is the
+    reduce-scatter of the last stage's 4 x 560,960,000 gradient bytes and the all-gather of its
+    2 x 560,960,000 parameter bytes, 2 x 7 x 50 us + 7/8 x 6 x 560,960,000 / 1.25e8 s = 23.56 s (31.41 s
+    when the parameters were charged at the gradients' 4 bytes); the method's fast tick gathers the same
+    bf16 parameters."""
+    cfg = load_config(config_dir() / "pair_A.yaml")
+    assert (cfg.analytic.param_bytes, cfg.analytic.grad_bytes, cfg.param_scale) == (2, 4, 0.5)
+    inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=2, stages=4)
+    assert inputs["dense"].param_scale == inputs["method"].param_scale == 0.5
+    gbe = Link("1GbE", 1.0, 50.0)
+    dense = inputs["dense"].comm(cfg.layout, gbe).weights
+    assert dense[0] == pytest.approx(14 * 50e-6 + 7 / 8 * 6 * 560_960_000 / 1.25e8, rel=1e-12)
+    assert dense[0] == pytest.approx(23.561, abs=1e-3)
+    fast = inputs["method"].comm(cfg.layout, gbe).weights[1]
+    gather = 7 * 50e-6 + 7 / 8 * 2 * 560_960_000 / 1.25e8
+    assert fast == pytest.approx(14 * 50e-6 + 7 / 4 * 4 * 34_070_144 / 1.25e8 + gather, rel=1e-12)
+
+
 def test_pair_a_method_under_rs_ag_gathers_the_dense_parameters():
     """Pair A on 4 stages x 8 replicas, FSDP: a fast tick ring-all-reduces the last stage's PowerSGD factors,
-    4 x 34,070,144 bytes, 2 x 7 latencies + 7/4 of the bytes, and all-gathers its parameters, 4 x
-    560,960,000 bytes, 7 latencies + 7/8 of the bytes; a fire tick updates dense, as dense does:
-    reduce-scatter and all-gather of the parameters' bytes, 2 x (7 latencies + 7/8 of them)."""
+    4 x 34,070,144 bytes, 2 x 7 latencies + 7/4 of the bytes, and all-gathers its parameters in bf16
+    (verl's FSDP param_dtype), 2 x 560,960,000 bytes, 7 latencies + 7/8 of the bytes; a fire tick updates
+    dense, as dense does: reduce-scatter of the fp32 gradients, 4 x 560,960,000 bytes, and all-gather of
+    the bf16 parameters, 2 x (7 latencies) + 7/8 of both."""
     cfg = load_config(config_dir() / "pair_A.yaml")
     assert cfg.layout.collective == "rs_ag"
     inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=21, stages=4)
     method, dense = inputs["method"], inputs["dense"]
     t = method.comm(cfg.layout, IB100).weights
-    factors, params = 4 * 34_070_144, 4 * 560_960_000
+    factors, gradients, params = 4 * 34_070_144, 4 * 560_960_000, 2 * 560_960_000
+    assert cfg.analytic.param_bytes == 2 and cfg.analytic.grad_bytes == 4
     assert t[1] == pytest.approx(21e-6 + (7 / 4 * factors + 7 / 8 * params) / 12.5e9, rel=1e-12)
-    dense_update = 14e-6 + 2 * 7 / 8 * params / 12.5e9
+    dense_update = 14e-6 + 7 / 8 * (gradients + params) / 12.5e9
     assert t[0] == pytest.approx(dense_update, rel=1e-12) and t[20] == t[0]
     assert np.all(dense.comm(cfg.layout, IB100).weights == t[0])
     ddp = replace(cfg.layout, collective="allreduce")

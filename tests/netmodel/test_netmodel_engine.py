@@ -93,6 +93,7 @@ def test_the_engine_counts_the_analytic_bytes(cpu_verl, monkeypatch, condition, 
         act_bytes=4,
         grad_bytes=4,
         updates_per_tick=updates,
+        param_bytes=4,
     )
     expected = analytic_inputs(spec, Compute(None), TICKS, stages=1)[condition]
 

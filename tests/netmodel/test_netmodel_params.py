@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -58,6 +59,8 @@ def test_the_repository_configs_load():
     assert configs["tiny"].source == "runs" and "CPU times" in configs["tiny"].compute_note
     assert configs["A"].source == "analytic" and configs["A"].compute.train_s is None
     assert configs["A"].interconnects == tuple(INTERCONNECTS)
+    assert configs["A"].analytic.param_bytes == 2 and configs["A"].param_scale == 0.5  # verl's bf16 gather
+    assert configs["tiny"].element_bytes == {"grads": 4, "params": 4} and configs["tiny"].param_scale == 1.0
 
 
 def test_config_errors_name_the_file_and_key(tmp_path):
@@ -82,6 +85,74 @@ def test_config_errors_name_the_file_and_key(tmp_path):
     bad.write_text("pair: x\nbytes: disk\nlayout: {}\ncompute_note: x\n")
     with pytest.raises(NetModelError, match=r"bytes='disk' is invalid: one of runs, analytic"):
         load_config(bad)
+
+
+RUNS_HEAD = (
+    "pair: x\nbytes: runs\nlayout: {stages: 2, dp: 1, points: 4}\ncompute_note: x\n"
+    "passes: {fast: 2, fire: 3}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("element_bytes", "field", "message"),
+    [
+        (None, "element_bytes", "element_bytes is missing: {grads: n, params: n}"),
+        ("{grads: 4}", "element_bytes", "element_bytes must have the keys grads and params, got ['grads']"),
+        (
+            "{grads: 4, params: 3}",
+            "element_bytes.params",
+            "element_bytes.params=3 is invalid: one of 1, 2, 4, 8",
+        ),
+        (
+            "{grads: 0, params: 2}",
+            "element_bytes.grads",
+            "element_bytes.grads=0 is invalid: one of 1, 2, 4, 8",
+        ),
+        ("{grads: 4, params: bf16}", "element_bytes.params", "element_bytes.params='bf16' is invalid"),
+    ],
+)
+def test_runs_element_bytes_are_required_and_checked(element_bytes, field, message, tmp_path):
+    """A ``bytes: runs`` config says the element sizes of the gradients its runs' ledger counts and of the
+    parameters FSDP all-gathers; a bad one names the key, the sizes allowed and what it is."""
+    path = tmp_path / "pair_x.yaml"
+    path.write_text(RUNS_HEAD + (f"element_bytes: {element_bytes}\n" if element_bytes else ""))
+    with pytest.raises(NetModelError, match=re.escape(f"pair_x.yaml: {message}")) as err:
+        load_config(path)
+    assert err.value.field == field
+    path.write_text(RUNS_HEAD + "element_bytes: {grads: 4, params: 2}\n")
+    assert load_config(path).param_scale == 0.5
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("", "analytic.param_bytes is missing: the element size in bytes of the parameters FSDP (rs_ag) "),
+        ("  param_bytes: 3", "analytic.param_bytes=3 is invalid: one of 1, 2, 4, 8, the element size"),
+        ("  param_bytes: 0", "analytic.param_bytes=0 is invalid: one of 1, 2, 4, 8"),
+        ("  param_bytes: 2.0", "analytic.param_bytes=2.0 is invalid: one of 1, 2, 4, 8"),
+        ("  param_bytes: true", "analytic.param_bytes=True is invalid: one of 1, 2, 4, 8"),
+        ("  param_bytes: bf16", "analytic.param_bytes='bf16' is invalid: one of 1, 2, 4, 8"),
+    ],
+)
+def test_param_bytes_is_required_and_checked_naming_the_key_and_the_fix(line, message, tmp_path, capsys):
+    """``analytic.param_bytes``, the element size at which FSDP all-gathers the parameters, has no default
+    (pair_A.yaml sets verl's bf16); a missing or impossible one fails naming the key, the file and the
+    fix (2 for bf16, 4 for fp32), from the library and from the command (exit 2)."""
+    path = pair_a_with(tmp_path, "  param_bytes:", line)
+    with pytest.raises(NetModelError, match=re.escape(f"pair_x.yaml: {message}")) as err:
+        load_config(path)
+    assert err.value.field == "analytic.param_bytes"
+    assert "2 for bf16 (verl's FSDP default), 4 for fp32" in str(err.value)
+    uri = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["netmodel", "--pair", "A", "--config", str(path), "--tracking-uri", uri]) == 2
+    assert f"pair_x.yaml: {message}" in capsys.readouterr().err
+
+
+def test_element_bytes_belongs_to_runs_configs(tmp_path):
+    path = pair_a_with(tmp_path, "compute_note:", "element_bytes: {grads: 4, params: 2}\ncompute_note: >-")
+    with pytest.raises(NetModelError, match=r"element_bytes applies to bytes: runs only") as err:
+        load_config(path)
+    assert err.value.field == "element_bytes"
 
 
 def pair_a_with(tmp_path, old: str, new: str):
@@ -169,9 +240,10 @@ def test_the_command_refuses_compute_for_a_pair_measured_from_its_runs(capsys):
 def test_the_command_prints_pair_a_at_a_link_of_ones_own(capsys, tmp_path):
     """Pair A from the analytic ledger at 25 Gbit/s, 5 us, 4 stages x 8 replicas, 86 micro-batches, 400 s
     of compute: dense's 4 traversals of 5.772e12 bytes, (86 + 2) / 86 x 5.772e12 / (28 * 8) bytes and
-    4 x 88 messages per boundary (8.440 s), plus the reduce-scatter and all-gather over 8 ranks of the last
-    stage's 2.244e9 bytes (7 layers, the final norm and the tied head: 1.257 s): 9.696 s; no store, so no
-    time to target."""
+    4 x 88 messages per boundary (8.440 s), plus the reduce-scatter over 8 ranks of the last stage's
+    2.244e9 gradient bytes (fp32; 7 layers, the final norm and the tied head: 0.628 s) and the all-gather
+    of its 1.122e9 parameter bytes (bf16, verl's FSDP param_dtype: 0.314 s): 9.382 s; no store, so no time
+    to target."""
     uri = f"sqlite:///{tmp_path / 'none.db'}"
     argv = ["netmodel", "--pair", "A", "--tracking-uri", uri, "--compute-s", "400"]
     argv += ["--bandwidth-gbps", "25", "--latency-us", "5", "--stages", "4", "--dp", "8"]
@@ -180,7 +252,7 @@ def test_the_command_prints_pair_a_at_a_link_of_ones_own(capsys, tmp_path):
     row = next(line for line in out.splitlines() if line.startswith("custom") and "no overlap" in line)
     cells = [c.strip() for c in row.split("|")]
     assert cells[:4] == ["custom", "25", "5", "no overlap"]
-    assert float(cells[4]) == pytest.approx(9.6965, abs=1e-3)  # dense comm s
-    assert float(cells[6]) == pytest.approx(409.6965, abs=0.01)  # dense tick, no overlap
+    assert float(cells[4]) == pytest.approx(9.3824, abs=1e-3)  # dense comm s
+    assert float(cells[6]) == pytest.approx(409.3824, abs=0.01)  # dense tick, no overlap
     assert "crossover, no overlap:" in out and "given on the command line" in out
     assert "no time to target" in out

@@ -82,14 +82,14 @@ def test_time_to_target_from_the_runs_matches_the_hand_computation(built, series
 def test_time_to_target_from_the_analytic_ledger(built):
     """Pair A's tracked val/acc reaches the target at step 50; dense's tick at 1GbE, no overlap, is 400 s
     of compute plus dense's tick on 4 stages x 8 replicas, 86 micro-batches: the engine's 4 traversals
-    (twice the ledger's two training passes), the last stage's share of the update (reduce-scatter +
-    all-gather)."""
+    (twice the ledger's two training passes), the last stage's share of the update (reduce-scatter of the
+    fp32 gradients + all-gather of the bf16 parameters, half their bytes)."""
     section = next(n for n in built.network if n.key == "A-analytic")
     table = next(t for t in section.tables if t.key == "network_links_A_analytic")
     row = next(r for r in table.rows if r[0] == "1GbE" and r[3] == "no overlap")
     b, spec = pair_a_summary(), load_config(config_dir() / "pair_A.yaml").analytic
     share = spec.stage_weight_bytes(4)["dense"]
-    nbytes = ChannelBytes(2 * b.dense_activations, 0.0, b.dense_weights, 4, share)
+    nbytes = ChannelBytes(2 * b.dense_activations, 0.0, b.dense_weights, 4, share, param_scale=0.5)
     comm = comm_time(nbytes, Layout(4, 8, 28, "rs_ag", 86), named_link("1GbE"))
     dense = row[table.columns.index("dense to target (s)")]
     assert dense.estimate == pytest.approx(50 * (400 + comm.total), rel=1e-9)
@@ -117,6 +117,31 @@ def test_rs_ag_gathers_the_dense_runs_parameters_after_the_methods_update(net_st
         assert np.allclose(t, 2 * (ALPHA + dense_w / 10 / BETA), rtol=1e-12)
 
 
+def test_rs_ag_gathers_the_runs_parameters_at_the_configs_element_size(
+    net_store_uri, runs_config, series, tmp_path
+):
+    """``element_bytes: {grads: 4, params: 2}`` (fp32 gradients in the ledger, bf16 parameters gathered, as
+    verl's FSDP does by default): every all-gather carries half of dense's 2e8 update bytes a tick, the
+    method's after its all-reduced 2e7 and dense's after its reduce-scattered 2e8."""
+    import numpy as np
+
+    from commrl.netmodel import pair_inputs
+
+    path = tmp_path / "pair_A_bf16.yaml"
+    path.write_text(runs_config.read_text().replace("params: 4}", "params: 2}"))
+    cfg = load_config(path).with_overrides(collective="rs_ag")
+    assert cfg.param_scale == 0.5
+    pi = pair_inputs(cfg, net_store_uri)
+    dense_w, method_w = series.NETWORK_BYTES["dense"][1], series.NETWORK_BYTES["method"][1]
+    link, gather = named_link("1GbE"), ALPHA + dense_w / 2 / 10 / BETA
+    for method in pi.ticks["method"].values():
+        t = method.comm(pi.layout, link).weights
+        assert np.allclose(t, 2 * ALPHA + method_w / 5 / BETA + gather, rtol=1e-12)
+    for dense in pi.ticks["dense"].values():
+        t = dense.comm(pi.layout, link).weights
+        assert np.allclose(t, ALPHA + dense_w / 10 / BETA + gather, rtol=1e-12)
+
+
 def test_the_command_reads_the_store(net_store_uri, runs_config, series, capsys):
     argv = ["netmodel", "--pair", "A", "--config", str(runs_config), "--tracking-uri", net_store_uri]
     assert main([*argv, "--link", "1GbE"]) == 0
@@ -136,3 +161,30 @@ def test_figure_12_captions_say_how_ticks_are_averaged_and_name_the_links_left_o
     assert "over seeds" not in analytic
     left_off = "outside the plotted 0.1-400 Gbit/s and not drawn: NVLink4 (3600 Gbit/s)."
     assert f"Dotted: the named interconnects; {left_off}" in analytic
+
+
+def test_the_links_table_has_one_row_per_interconnect_when_only_communication_is_modelled(tmp_path):
+    """Pair A without a compute time: the no-overlap and full-overlap bounds are both the communication
+    time, so the table has one row per interconnect whose overlap cell says the bounds coincide, not two
+    identical rows that read like two measurements; with a compute time, one row per bound."""
+    from commrl.netmodel import evaluate, pair_inputs
+    from commrl.report.network import COMM_ONLY, links_table
+
+    cfg = load_config(config_dir() / "pair_A.yaml")
+    uri = f"sqlite:///{tmp_path / 'none.db'}"
+    links = [named_link(n) for n in cfg.interconnects]
+    unknown = links_table(evaluate(pair_inputs(cfg, uri), links, cfg.sweep, cfg.target_fraction))
+    col = {name: i for i, name in enumerate(unknown.columns)}
+    assert [r[0] for r in unknown.rows] == list(cfg.interconnects)
+    assert all(r[col["overlap"]] == COMM_ONLY for r in unknown.rows)
+    assert "bounds coincide" in COMM_ONLY and "communication only" in COMM_ONLY
+    gbe = unknown.rows[0]
+    assert gbe[col["dense comm (s/tick)"]] > gbe[col["method comm (s/tick)"]] > 0
+    assert gbe[col["dense tick (s)"]] is None and gbe[col["tick speed-up"]] is None
+    known = cfg.with_overrides(compute=Compute(400.0, source="test"))
+    table = links_table(evaluate(pair_inputs(known, uri), links, known.sweep, known.target_fraction))
+    assert [(r[0], r[col["overlap"]]) for r in table.rows[:2]] == [
+        ("1GbE", "no overlap"),
+        ("1GbE", "full overlap"),
+    ]
+    assert len(table.rows) == 2 * len(links)

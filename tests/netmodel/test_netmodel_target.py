@@ -90,3 +90,52 @@ def test_evaluate_reports_seeds_that_never_reach_and_intervals_over_those_that_d
     assert row.target["method"].interval().n == 1  # one seed reached it: no interval
     assert row.tick_speedup.estimate == pytest.approx(2.0 / 1.2)
     assert any("method seed(s) 1 never reach val/acc >= 0.76" in n for n in result.notes)
+
+
+def test_seconds_interval_is_cut_at_zero_keeping_the_t_interval_above_it():
+    """Two seeds at 10 s and 200 s: the t-interval 105 -+ 12.706 x 95 s reaches to -1102 s, impossible for a
+    time; the cut interval is [0, the t-interval's high] about the same mean, says so in its note, and is
+    no longer symmetric. Intervals that stay above 0 are the t-interval itself; from 20 seeds BCa's ends
+    are bootstrap means of non-negative seconds and need no cut."""
+    from commrl.netmodel.analysis import CUT_AT_ZERO, seconds_interval
+    from commrl.report.stats import mean_interval
+
+    raw, cut = mean_interval([10.0, 200.0]), seconds_interval([10.0, 200.0])
+    assert raw.method == "t" and raw.low == pytest.approx(105 - 12.7062 * 95, abs=0.1) and raw.low < 0
+    assert (cut.estimate, cut.low, cut.high, cut.method) == (105.0, 0.0, raw.high, "t")
+    assert cut.note.startswith(CUT_AT_ZERO) and "-1102 s" in cut.note and not cut.symmetric
+    assert seconds_interval([40.0, 41.0, 43.0]) == mean_interval([40.0, 41.0, 43.0])  # above 0: unchanged
+    skewed = [1.0] * 19 + [1000.0, 2000.0]
+    assert mean_interval(skewed).method == "bca" and seconds_interval(skewed) == mean_interval(skewed)
+    assert seconds_interval([7.0]).low is None  # one seed: no interval to cut
+
+
+def test_seconds_to_target_never_have_an_interval_below_zero():
+    """Dense's two seeds reach the target at step 1 (2 s) and step 40 (80 s): the t-interval of their
+    seconds, 41 -+ 12.706 x 39 s, would reach -455 s; the row's interval is [0, 536.5] s and the result
+    notes the cut naming the condition, the link and the bound."""
+    dense_val = {"0": val((0, 0.2), (1, 0.8), (40, 0.8)), "1": val((0, 0.2), (1, 0.3), (40, 0.8))}
+    pi = PairInputs(
+        pair="hand",
+        source="runs",
+        layout=LAYOUT,
+        compressed="method",
+        ticks={
+            "dense": {s: ticks(40, 1e9, 1.0) for s in "01"},
+            "method": {s: ticks(40, 1e8, 1.1) for s in "01"},
+        },
+        val={"dense": dense_val, "method": {s: val((0, 0.2), (40, 0.8)) for s in "01"}},
+        compute_known=True,
+        compute_note="hand-built",
+    )
+    result = evaluate(pi, [LINK], Sweep(), 1.0)
+    for row in result.rows:
+        per_tick = 1.0 if row.overlap else 2.0
+        assert row.target["dense"].seconds == pytest.approx({"0": per_tick, "1": 40 * per_tick})
+        interval = row.target["dense"].interval()
+        mean, half = 20.5 * per_tick, 12.7062 * 19.5 * per_tick
+        assert interval.estimate == pytest.approx(mean)
+        assert interval.low == 0.0 and interval.high == pytest.approx(mean + half, rel=1e-4)
+    note = next(n for n in result.notes if "cut at 0 s" in n)
+    assert "cut at 0 s" in note and "dense seconds to target at test (both bounds)" in note
+    assert "method seconds to target" not in note  # 40 ticks in every seed: zero spread

@@ -2,14 +2,15 @@
 
 Per seed ``s`` and link: the mean tick time ``T_bar_s = (1/n) sum_t T_s(t)`` and the time to target
 (``commrl.netmodel.target``); over seeds, the mean and its interval (``commrl.report.stats``: t below 20
-seeds, BCa from 20) and the speed-up ``mean(dense) / mean(compressed)`` (Fieller's interval, paired by seed
-when both conditions have the same seeds). A seed that never reaches the target is counted as such and
-left out of the interval. Analytic inputs are one deterministic schedule shared by every validated seed.
+seeds, BCa from 20; a time's interval cut at 0 s, ``seconds_interval``) and the speed-up
+``mean(dense) / mean(compressed)`` (Fieller's interval, paired by seed when both conditions have the same
+seeds). A seed that never reaches the target is counted as such and left out of the interval. Analytic
+inputs are one deterministic schedule shared by every validated seed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -24,6 +25,27 @@ from commrl.report.stats import Interval, mean_interval, ratio_interval
 DENSE = "dense"
 ANALYTIC_SEED = "analytic"  # the seed key of analytic inputs: one schedule for every validated seed
 BOUNDS = {False: "no overlap", True: "full overlap"}
+CUT_AT_ZERO = "cut at 0 s"  # the note of a seconds interval whose lower end fell below 0 (seconds_interval)
+
+
+def seconds_interval(values: Iterable[float]) -> Interval:
+    """The seed mean of a time in seconds and its 95% interval, ``mean_interval`` (Student t below 20 seeds,
+    BCa from 20, as the report's captions say), with a lower end below 0 raised to 0.
+
+    A time is never negative, so the mean ``mu`` of a condition's seconds lies in ``[0, inf)``; the
+    t-interval ``x_bar -+ t s / sqrt(n)`` ignores that and, with few seeds and a wide spread, reaches below 0
+    (e.g. 2 seeds at 10 s and 200 s: ``105 -+ 12.71 x 95`` s). Its intersection with ``[0, inf)`` has the
+    same coverage, ``P(mu in [max(L, 0), U]) = P(mu in [L, U])`` because ``mu >= 0`` always, so the cut
+    interval is still a 95% interval of the same mean, only without impossible values; the estimate (the
+    bars) and the method stay those of the captions. (A t-interval on log seconds would also stay above 0,
+    but it is an interval of the geometric mean, not of the mean the bars show.) BCa never needs the cut:
+    its ends are quantiles of bootstrap means of non-negative seconds. The cut interval is not symmetric
+    (it reads ``mean [0, high]``) and its ``note`` says ``cut at 0 s`` with the lower end it replaced."""
+    interval = mean_interval(values)
+    if interval.low is None or interval.low >= 0:
+        return interval
+    note = f"{CUT_AT_ZERO} (the t-interval's lower end was {interval.low:.4g} s; a time is >= 0)"
+    return replace(interval, low=0.0, note=note)
 
 
 @dataclass(frozen=True)
@@ -147,9 +169,10 @@ class TargetTimes:
         return [s for s, r in self.reaches.items() if not r.reached]
 
     def interval(self) -> Interval | None:
-        """The seed mean and interval of the seconds to target over the seeds that reached it."""
+        """The seed mean and interval of the seconds to target over the seeds that reached it
+        (``seconds_interval``: cut at 0 s)."""
         seconds = list(self.seconds.values())
-        return mean_interval(seconds) if seconds else None
+        return seconds_interval(seconds) if seconds else None
 
     def reached_text(self) -> str:
         return f"{len(self.seconds)}/{len(self.reaches)}"
@@ -185,6 +208,34 @@ class LinkRow:
     target_speedup: Interval | None
 
 
+def _cut_at_zero(rows: Sequence[LinkRow]) -> list[str]:
+    """``<condition> <what> at <links>`` for the intervals of ``rows`` that ``seconds_interval`` cut at
+    0 s, each link with its bounds (``both bounds`` when both; the communication time is the same under
+    both bounds and named once per link)."""
+    found: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for r in rows:
+        cells = {"tick time": r.tick, "seconds to target": {c: t.interval() for c, t in r.target.items()}}
+        if not r.overlap:
+            cells = {"communication time": r.comm, **cells}
+        for what, per in cells.items():
+            for condition, interval in per.items():
+                if interval is not None and interval.note.startswith(CUT_AT_ZERO):
+                    bounds = found.setdefault((condition, what), {}).setdefault(r.link.name, [])
+                    bounds += [] if what == "communication time" else [BOUNDS[r.overlap]]
+
+    def at(bounds: list[str]) -> str:
+        return "" if not bounds else " (both bounds)" if len(bounds) == 2 else f" ({bounds[0]})"
+
+    out = []
+    for (condition, what), links in found.items():
+        labels = {at(b) for b in links.values()}
+        if len(labels) == 1:
+            out.append(f"{condition} {what} at {', '.join(links)}{labels.pop()}")
+        else:
+            out.append(f"{condition} {what} at {', '.join(f'{k}{at(b)}' for k, b in links.items())}")
+    return out
+
+
 @dataclass(frozen=True)
 class NetworkResult:
     inputs: PairInputs
@@ -214,10 +265,10 @@ def evaluate(pi: PairInputs, links: Sequence[Link], sweep: Sweep, target_fractio
         notes.append(f"{pi.label}: no tracked val/acc of {DENSE}: no time to target")
     rows = []
     for link in links:
-        comm = {c: mean_interval(seed_means(pi, c, link, None).values()) for c in pi.conditions}
+        comm = {c: seconds_interval(seed_means(pi, c, link, None).values()) for c in pi.conditions}
         for overlap in (False, True):
             means = {c: seed_means(pi, c, link, overlap) for c in pi.conditions}
-            tick = {c: mean_interval(m.values()) for c, m in means.items()} if pi.compute_known else {}
+            tick = {c: seconds_interval(m.values()) for c, m in means.items()} if pi.compute_known else {}
             targets = (
                 {c: times_to_target(pi, c, link, overlap, target) for c in pi.conditions} if target else {}
             )
@@ -233,6 +284,12 @@ def evaluate(pi: PairInputs, links: Sequence[Link], sweep: Sweep, target_fractio
                 )
             )
     crossovers = {o: crossover(pi, sweep, o) for o in (False, True)} if pi.compute_known else {}
+    cut = _cut_at_zero(rows)
+    if cut:
+        notes.append(
+            f"{pi.label}: 95% t-intervals of seconds cut at 0 s, the least a time can be (the cut keeps "
+            f"their coverage; commrl.netmodel.analysis.seconds_interval): {'; '.join(cut)}"
+        )
     if target:
         for condition in pi.conditions:
             vals = pi.val.get(condition, {})

@@ -5,7 +5,10 @@ Keys: ``pair``; ``bytes`` (``runs``: bytes per tick from the runs' ``comm/*``, c
 ``compute``); ``compressed`` (the condition compared with dense); ``layout`` (``stages``, ``dp``,
 ``collective``, ``micro_batches``; ``points`` with ``bytes: runs``, derived from the model with
 ``analytic``); ``passes`` (``bytes: runs`` only: the boundary traversals the runs' driver counts on a
-``fast`` tick and on a ``fire`` tick, derived from the engine's passes with ``analytic``);
+``fast`` tick and on a ``fire`` tick, derived from the engine's passes with ``analytic``); ``element_bytes``
+(``bytes: runs`` only: ``grads``, the element size of the gradients the runs' ``comm/bytes_weights``
+counts, and ``params``, that of the parameters FSDP (``rs_ag``) all-gathers; ``analytic.grad_bytes`` and
+``analytic.param_bytes`` with ``analytic``);
 ``target_fraction``; ``interconnects`` (names of ``commrl.netmodel.links.INTERCONNECTS``); ``sweep``
 (``low_gbps``, ``high_gbps``, ``latency_us``, ``tolerance``); ``compute_note`` (what the compute times are,
 printed with every result). Unknown keys and bad values fail naming the key and the file.
@@ -21,10 +24,12 @@ from typing import Any
 from commrl.config_tree import REPO
 from commrl.netmodel.analysis import ANALYTIC_SEED, DENSE, PairInputs, Sweep
 from commrl.netmodel.inputs import (
+    PARAM_BYTES_WHAT,
     AnalyticSpec,
     Compute,
     Qwen2Shape,
     analytic_inputs,
+    element_size,
     measured_inputs,
     store_client,
 )
@@ -47,6 +52,7 @@ TOP_KEYS = {
     "analytic",
     "compute",
     "passes",
+    "element_bytes",
 }
 ANALYTIC_ONLY = ("model", "analytic", "compute")
 
@@ -95,7 +101,18 @@ class NetmodelConfig:
     compute: Compute | None = None
     ticks: int = 0
     passes: dict[str, int] | None = None
+    element_bytes: dict[str, int] | None = None
     path: str = ""
+
+    @property
+    def param_scale(self) -> float:
+        """The parameters' element size over the gradients' (``rs_ag`` all-gathers this times the dense
+        update's bytes): ``analytic.param_bytes / analytic.grad_bytes``, or ``element_bytes``'
+        ``params / grads``."""
+        if self.analytic is not None:
+            return self.analytic.param_scale
+        assert self.element_bytes is not None  # a runs config has them (_build)
+        return self.element_bytes["params"] / self.element_bytes["grads"]
 
     def with_overrides(
         self,
@@ -163,6 +180,27 @@ def _passes(data: Any) -> dict[str, int]:
     return dict(passes)
 
 
+def _element_bytes(data: Any) -> dict[str, int]:
+    """``{grads: n, params: n}``: the element size of the gradients the runs' ``comm/bytes_weights`` counts
+    and of the parameters FSDP (``rs_ag``) all-gathers."""
+    if data is None:
+        raise NetModelError(
+            "element_bytes",
+            "element_bytes is missing: {grads: n, params: n}, the element sizes in bytes of the gradients "
+            "the runs' comm/bytes_weights counts and of the parameters FSDP (rs_ag) all-gathers",
+        )
+    sizes = _mapping(data, "element_bytes")
+    if set(sizes) != {"grads", "params"}:
+        raise NetModelError(
+            "element_bytes", f"element_bytes must have the keys grads and params, got {sorted(sizes)}"
+        )
+    what = "the element size in bytes of the gradients the runs' comm/bytes_weights counts (4 for fp32)"
+    return {
+        "grads": element_size(sizes["grads"], "element_bytes.grads", what),
+        "params": element_size(sizes["params"], "element_bytes.params", PARAM_BYTES_WHAT),
+    }
+
+
 def _build(data: dict, path: str) -> NetmodelConfig:
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
@@ -208,11 +246,20 @@ def _build(data: dict, path: str) -> NetmodelConfig:
         if "points" not in layout_data:
             raise NetModelError("layout.points", "layout.points is missing: the ledger's compression points")
         passes = _passes(data.get("passes"))
-        return NetmodelConfig(source="runs", layout=Layout(**layout_data), passes=passes, **common)
+        sizes = _element_bytes(data.get("element_bytes"))
+        return NetmodelConfig(
+            source="runs", layout=Layout(**layout_data), passes=passes, element_bytes=sizes, **common
+        )
     if compressed != "method":
         raise NetModelError("compressed", "bytes: analytic models the method only; set compressed: method")
     if "passes" in data:
         raise NetModelError("passes", "passes applies to bytes: runs only (analytic: the engine's passes)")
+    if "element_bytes" in data:
+        raise NetModelError(
+            "element_bytes",
+            "element_bytes applies to bytes: runs only "
+            "(analytic: analytic.grad_bytes and analytic.param_bytes)",
+        )
     if "points" in layout_data:
         raise NetModelError(
             "layout.points", "layout.points is derived from model and analytic.points; remove it"
@@ -265,7 +312,7 @@ def pair_inputs(
     val = {c: cv.seed_series(runs, c, "val/acc") for c in conditions} if runs is not None else {}
     if cfg.source == "runs":
         assert cfg.passes is not None  # a runs config has them (_build)
-        ticks, read_notes = measured_inputs(runs, conditions, tracking_uri, cfg.passes)
+        ticks, read_notes = measured_inputs(runs, conditions, tracking_uri, cfg.passes, cfg.param_scale)
         notes += read_notes
         return PairInputs(
             cfg.pair, "runs", cfg.layout, cfg.compressed, ticks, val, True, cfg.compute_note, tuple(notes)

@@ -21,8 +21,10 @@ micro-batches per pass and replica:
 - weights: each stage reduces its own parameters' share across the ``D`` replicas, stages concurrently,
   so the largest stage's share sets the time (``links.COLLECTIVES``): ``allreduce`` (DDP) ring all-reduces
   the update; ``rs_ag`` (FSDP) reduce-scatters dense gradients, ring all-reduces compressed ones
-  (PowerSGD's factors), then all-gathers the parameters, dense at the parameters' bytes ``P`` (the dense
-  update of the tick: the parameter count at its element size, per optimizer step);
+  (PowerSGD's factors), then all-gathers the parameters, dense, at their own element size: ``c P`` bytes,
+  ``P`` the tick's updates sent dense (the parameter count at the gradients' element size, per optimizer
+  step) and ``c = param_bytes / grad_bytes`` (FSDP's mixed-precision ``param_dtype`` over its
+  ``reduce_dtype``: bf16 over fp32, ``c = 1/2``, in verl's FSDP engine by default);
 - channels run one after the other (activations during the passes, the update after them).
 
 Compute time is an input, not modelled. ``train_s`` is the trainer's compute that communication can hide
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commrl.netmodel.links import Layout, Link, NetModelError
+from commrl.netmodel.links import Layout, Link, NetModelError, finite_number
 
 Value = float | np.ndarray  # a number of bytes or seconds, or one per tick
 
@@ -89,12 +91,16 @@ def basis_time(nbytes: Value, layout: Layout, link: Link) -> Value:
     return p2p_time(nbytes / layout.points, link, messages=1)
 
 
-def weight_time(share: Value, layout: Layout, link: Link, params: Value | None = None) -> Value:
-    """Weight update: the largest stage's share ``W_s`` of the update and ``P_s`` of the parameters (None:
-    ``W_s``, a dense update) across the ``D`` replicas (stages concurrently). ``allreduce`` (DDP):
-    ``t = ring_allreduce(W_s, D)``. ``rs_ag`` (FSDP): ``t = reduce_scatter(W_s, D) + all_gather(P_s, D)``
-    for dense gradients (``W_s = P_s``), ``t = ring_allreduce(W_s, D) + all_gather(P_s, D)`` for a
-    compressed update (``W_s < P_s``: PowerSGD's factors are all-reduced, the parameters gathered dense)."""
+def weight_time(
+    share: Value, layout: Layout, link: Link, params: Value | None = None, param_scale: float = 1.0
+) -> Value:
+    """Weight update: the largest stage's share ``W_s`` of the update and ``P_s`` of the tick's updates
+    sent dense (None: ``W_s``, a dense update; both at the gradients' element size) across the ``D``
+    replicas (stages concurrently). ``allreduce`` (DDP): ``t = ring_allreduce(W_s, D)``. ``rs_ag`` (FSDP):
+    ``t = reduce_scatter(W_s, D) + all_gather(c P_s, D)`` for dense gradients (``W_s = P_s``),
+    ``t = ring_allreduce(W_s, D) + all_gather(c P_s, D)`` for a compressed update (``W_s < P_s``:
+    PowerSGD's factors are all-reduced, the parameters gathered dense); ``c = param_scale``, the parameters'
+    element size over the gradients' (``param_bytes / grad_bytes``)."""
     if layout.collective == "allreduce":
         return ring_allreduce_time(share, layout.dp, link)
     params = share if params is None else params
@@ -103,7 +109,7 @@ def weight_time(share: Value, layout: Layout, link: Link, params: Value | None =
         ring_allreduce_time(share, layout.dp, link),
         reduce_scatter_time(share, layout.dp, link),
     )
-    return reduce + all_gather_time(params, layout.dp, link)
+    return reduce + all_gather_time(param_scale * np.asarray(params), layout.dp, link)
 
 
 @dataclass(frozen=True)
@@ -111,9 +117,10 @@ class ChannelBytes:
     """A tick's bytes per channel as the ledger counts them (model-level; scalars or one per tick);
     ``passes``: the boundary traversals ``n`` that carry ``activations``; ``stage_weights``: the largest
     pipeline stage's share of ``weights`` (None: ``W / S``, parameters spread evenly over the stages);
-    ``params``: the parameter bytes ``rs_ag`` all-gathers after the tick's updates, the tick's updates
-    sent dense (None: ``weights``, the update is dense); ``stage_params``: the largest stage's share of
-    them (None: ``params / S``)."""
+    ``params``: the tick's updates sent dense, at the gradients' element size as ``weights`` (None:
+    ``weights``, the update is dense); ``stage_params``: the largest stage's share of them (None:
+    ``params / S``); ``param_scale``: the parameters' element size over the gradients'
+    (``param_bytes / grad_bytes``): ``rs_ag`` all-gathers ``param_scale * params`` bytes of parameters."""
 
     activations: Value
     basis: Value
@@ -122,8 +129,15 @@ class ChannelBytes:
     stage_weights: Value | None = None
     params: Value | None = None
     stage_params: Value | None = None
+    param_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not finite_number(self.param_scale) or self.param_scale <= 0:
+            raise NetModelError(
+                "bytes.param_scale",
+                f"bytes.param_scale={self.param_scale!r} must be a finite number > 0: "
+                "param_bytes / grad_bytes",
+            )
         for field in ("activations", "basis", "weights", "passes", "stage_weights", "params", "stage_params"):
             if getattr(self, field) is None:
                 continue
@@ -151,7 +165,8 @@ class CommTime:
 
 def comm_time(nbytes: ChannelBytes, layout: Layout, link: Link) -> CommTime:
     """``t_comm = t_act + t_basis + t_weights`` (``activation_time``, ``basis_time``, ``weight_time`` of
-    ``stage_weights``, else ``W / S``, and of ``stage_params``, else ``P / S``, else the weights')."""
+    ``stage_weights``, else ``W / S``, and of ``stage_params``, else ``P / S``, else the weights', the
+    all-gather at ``param_scale``)."""
     share = nbytes.weights / layout.stages if nbytes.stage_weights is None else nbytes.stage_weights
     params = nbytes.stage_params
     if params is None and nbytes.params is not None:
@@ -159,7 +174,7 @@ def comm_time(nbytes: ChannelBytes, layout: Layout, link: Link) -> CommTime:
     return CommTime(
         activation_time(nbytes.activations, nbytes.passes, layout, link),
         basis_time(nbytes.basis, layout, link),
-        weight_time(share, layout, link, params),
+        weight_time(share, layout, link, params, nbytes.param_scale),
     )
 
 

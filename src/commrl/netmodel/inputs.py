@@ -5,12 +5,15 @@ analytic ledger.
   ``comm/bytes_activations - comm/bytes_basis_refresh`` (activations, every counted pass),
   ``comm/bytes_basis_refresh``, ``comm/bytes_weights`` and the measured ``time/train_s``, ``time/sample_s``;
   the boundary traversals per tick from the config's ``passes`` and the run's ``anchor/fire``; the
-  parameters ``rs_ag`` all-gathers, the dense condition's ``comm/bytes_weights`` (the same updates, dense).
+  parameters ``rs_ag`` all-gathers, the dense condition's ``comm/bytes_weights`` (the same updates, dense)
+  scaled by the config's ``element_bytes`` (``params / grads``: the parameters' element size over the
+  gradients' the ledger counts).
   Step ``s`` is the tick that produced the model validated at step ``s`` (``val/acc``, step 0 = the base).
 - ``analytic_inputs``: for a model shape, the weight updates and basis refresh of ``analytic_tick_bytes``
   (``commrl.compression.ledger``), the activations of every pass verl's engine counts (``engine_passes``),
-  the largest pipeline stage's share of the update (``Qwen2Shape.stage_shapes``), with the anchor's
-  schedule (tick ``t = s - 1`` fires when ``t % K == 0``) and compute seconds given by the user.
+  the largest pipeline stage's share of the update (``Qwen2Shape.stage_shapes``), the parameters ``rs_ag``
+  all-gathers at ``analytic.param_bytes`` an element, with the anchor's schedule (tick ``t = s - 1`` fires
+  when ``t % K == 0``) and compute seconds given by the user.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ OPTIONAL_METRICS = (BASIS, FIRE)  # missing: 0 (no basis refresh, no fire)
 class TickInputs:
     """Per tick (``steps``, ascending, >= 1): bytes per channel, the boundary traversals ``passes`` that
     carry the activations, compute seconds, and optionally the largest pipeline stage's share of the weight
-    update (``stage_weights``; None: ``weights / S``), the parameter bytes ``rs_ag`` all-gathers after the
-    tick's updates (``params``; None: ``weights``, a dense update) and the largest stage's share of them
-    (``stage_params``; None: ``params / S``) (equal-length arrays; ``commrl.netmodel.cost.ChannelBytes``)."""
+    update (``stage_weights``; None: ``weights / S``), the tick's updates sent dense (``params``, at the
+    gradients' element size; None: ``weights``, a dense update) and the largest stage's share of them
+    (``stage_params``; None: ``params / S``) (equal-length arrays), and ``param_scale``, the parameters'
+    element size over the gradients' (``param_bytes / grad_bytes``): ``rs_ag`` all-gathers
+    ``param_scale * params`` bytes (``commrl.netmodel.cost.ChannelBytes``)."""
 
     steps: np.ndarray
     activations: np.ndarray
@@ -53,8 +58,13 @@ class TickInputs:
     stage_weights: np.ndarray | None = None
     params: np.ndarray | None = None
     stage_params: np.ndarray | None = None
+    param_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not finite_number(self.param_scale) or self.param_scale <= 0:
+            raise NetModelError(
+                "param_scale", f"param_scale={self.param_scale!r} must be a finite number > 0"
+            )
         n = len(self.steps)
         optional = ("stage_weights", "params", "stage_params")
         for field in ("activations", "basis", "weights", "train_s", "sample_s", "passes", *optional):
@@ -79,6 +89,7 @@ class TickInputs:
             self.stage_weights,
             self.params,
             self.stage_params,
+            self.param_scale,
         )
 
     def comm(self, layout: Layout, link: Link) -> CommTime:
@@ -103,14 +114,18 @@ def _on_steps(series: Series, steps: np.ndarray) -> np.ndarray:
 
 
 def run_inputs(
-    client, run: TrainRun, passes: Mapping[str, int], params: float | None = None
+    client,
+    run: TrainRun,
+    passes: Mapping[str, int],
+    params: float | None = None,
+    param_scale: float = 1.0,
 ) -> tuple[TickInputs | None, str | None]:
     """One run's ``TickInputs`` on the steps >= 1 where all its metrics are logged
     (``comm/bytes_basis_refresh`` and ``anchor/fire`` missing count as 0); boundary traversals per tick
-    ``passes["fire"]`` where ``anchor/fire`` is set, else ``passes["fast"]``; the parameter bytes all-gathered
-    per tick ``params`` (a dense run's update of a tick, ``dense_params``), where the anchor fires the
-    tick's own dense update (None: the run's updates are dense); ``(None, why)`` when the run lacks a
-    metric."""
+    ``passes["fire"]`` where ``anchor/fire`` is set, else ``passes["fast"]``; the tick's updates sent dense
+    ``params`` (a dense run's update of a tick, ``dense_params``), where the anchor fires the tick's own
+    dense update (None: the run's updates are dense), all-gathered at ``param_scale`` times their bytes;
+    ``(None, why)`` when the run lacks a metric."""
     found = {key: _series(client, run, key) for key in TICK_METRICS}
     missing = [k for k, s in found.items() if s is None and k not in OPTIONAL_METRICS]
     if missing:
@@ -132,6 +147,7 @@ def run_inputs(
         _on_steps(found[SAMPLE_S], steps),
         np.where(fire, passes["fire"], passes["fast"]),
         params=None if params is None else np.where(fire, weights, params),
+        param_scale=param_scale,
     )
     return inputs, (None if found[BASIS] is not None else f"run {run.name}: no {BASIS}, counted as 0")
 
@@ -148,9 +164,10 @@ def store_client(tracking_uri: str | None):
 
 
 def dense_params(dense: Mapping[str, TickInputs]) -> tuple[float | None, str | None]:
-    """The parameter bytes a tick's updates all-gather: ``P = median`` of the dense runs' per-tick
-    ``comm/bytes_weights`` (their updates are dense: the parameter count at its element size, per update;
-    the same every tick and seed); a note when they differ; ``(None, None)`` without dense runs."""
+    """A tick's updates sent dense: ``P = median`` of the dense runs' per-tick ``comm/bytes_weights``
+    (their updates are dense: the parameter count at the gradients' element size, per update; the same
+    every tick and seed; ``rs_ag`` all-gathers ``param_scale * P``); a note when they differ;
+    ``(None, None)`` without dense runs."""
     values = np.concatenate([t.weights for t in dense.values()]) if dense else np.zeros(0)
     if not len(values):
         return None, None
@@ -158,23 +175,28 @@ def dense_params(dense: Mapping[str, TickInputs]) -> tuple[float | None, str | N
     if values.min() != values.max():
         note = (
             f"dense's comm/bytes_weights differ between ticks ({values.min():.6g}-{values.max():.6g}); "
-            "the median stands for the parameters rs_ag all-gathers"
+            "the median stands for the dense update whose parameters rs_ag all-gathers"
         )
     return float(np.median(values)), note
 
 
 def measured_inputs(
-    runs: PairRuns, conditions: Sequence[str], tracking_uri: str | None, passes: Mapping[str, int]
+    runs: PairRuns,
+    conditions: Sequence[str],
+    tracking_uri: str | None,
+    passes: Mapping[str, int],
+    param_scale: float,
 ) -> tuple[dict[str, dict[str, TickInputs]], list[str]]:
-    """``condition -> seed -> TickInputs`` of the pair's training runs (``run_inputs``), and notes on runs
-    left out. The first condition is dense: its runs give the others' parameter bytes (``dense_params``)."""
+    """``condition -> seed -> TickInputs`` of the pair's training runs (``run_inputs``, the all-gather at
+    ``param_scale``), and notes on runs left out. The first condition is dense: its runs give the others'
+    dense updates (``dense_params``)."""
     client = store_client(tracking_uri)
     found: dict[str, dict[str, TickInputs]] = {}
     notes: list[str] = []
 
     def read(condition: str, params: float | None) -> None:
         for run in runs.runs_of(condition):
-            inputs, note = run_inputs(client, run, passes, params)
+            inputs, note = run_inputs(client, run, passes, params, param_scale)
             if note:
                 notes.append(f"{runs.pair}: {note}" + ("" if inputs else "; left out of the network model"))
             if inputs is not None:
@@ -305,10 +327,30 @@ def engine_passes(hidden: int, rank: int) -> dict[str, tuple[int, ...]]:
     return {"fast": (rank,) * 4, "fire": (rank, rank, hidden, hidden), "dense": (hidden,) * 4}
 
 
+ELEMENT_SIZES = (1, 2, 4, 8)  # bytes per element of a torch dtype (fp8 / bf16, fp16 / fp32 / fp64)
+PARAM_BYTES_WHAT = (
+    "the element size in bytes of the parameters FSDP (rs_ag) all-gathers, its mixed-precision "
+    "param_dtype: 2 for bf16 (verl's FSDP default), 4 for fp32"
+)
+
+
+def element_size(value: object, field: str, what: str) -> int:
+    """``value`` if it is a dtype's element size in bytes (``ELEMENT_SIZES``), else ``NetModelError`` naming
+    ``field``, what it is (``what``) and the sizes allowed."""
+    sizes = ", ".join(str(n) for n in ELEMENT_SIZES)
+    if value is None:
+        raise NetModelError(field, f"{field} is missing: {what}")
+    if isinstance(value, bool) or not isinstance(value, int) or value not in ELEMENT_SIZES:
+        raise NetModelError(field, f"{field}={value!r} is invalid: one of {sizes}, {what}")
+    return value
+
+
 @dataclass(frozen=True)
 class AnalyticSpec:
     """What ``analytic_tick_bytes`` needs besides the shape: the batch's tokens per tick and the method's
-    knobs (``method.md`` §2-§3; element sizes in bytes: bf16 activations, fp32 gradients)."""
+    knobs (``method.md`` §2-§3; element sizes in bytes: bf16 activations, fp32 gradients), and
+    ``param_bytes``, the element size at which FSDP (``rs_ag``) all-gathers the parameters (its
+    mixed-precision ``param_dtype``; no default: the config says which, see configs/netmodel/pair_A.yaml)."""
 
     model: Qwen2Shape
     tokens_per_tick: int
@@ -320,8 +362,10 @@ class AnalyticSpec:
     min_compression_rate: float = 2.0
     updates_per_tick: int = 1
     points: str = "all"
+    param_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        element_size(self.param_bytes, "analytic.param_bytes", PARAM_BYTES_WHAT)
         integers = (
             "tokens_per_tick",
             "rank",
@@ -353,6 +397,12 @@ class AnalyticSpec:
             raise NetModelError(
                 "analytic.points", f"analytic.points={self.points!r} is not one of {', '.join(POINTS)}"
             )
+
+    @property
+    def param_scale(self) -> float:
+        """``param_bytes / grad_bytes``: the all-gathered parameters' bytes per byte of the dense update."""
+        assert self.param_bytes is not None  # __post_init__
+        return self.param_bytes / self.grad_bytes
 
     @property
     def n_points(self) -> int:
@@ -455,8 +505,9 @@ def analytic_inputs(spec: AnalyticSpec, compute: Compute, ticks: int, stages: in
     ``t = s - 1`` is an anchor fire when ``t % K == 0`` (with the basis refresh), else a fast tick.
     Activations and their traversals from ``spec.activation_bytes()`` and ``spec.passes()``, weights and the
     basis from ``spec.tick_bytes()``, the largest of ``stages`` stages' share of the weights from
-    ``spec.stage_weight_bytes(stages)``; the parameters ``rs_ag`` all-gathers, the dense updates' bytes
-    every tick (the method's fire tick is dense). Compute seconds are constant per tick (0 where unknown)."""
+    ``spec.stage_weight_bytes(stages)``; the parameters ``rs_ag`` all-gathers, the dense updates every tick
+    (the method's fire tick is dense) at ``spec.param_scale`` of their bytes (``param_bytes`` an element).
+    Compute seconds are constant per tick (0 where unknown)."""
     b, act, share = spec.tick_bytes(), spec.activation_bytes(), spec.stage_weight_bytes(stages)
     passes = {kind: len(p) for kind, p in spec.passes().items()}
     steps = np.arange(1, ticks + 1, dtype=np.int64)
@@ -477,6 +528,7 @@ def analytic_inputs(spec: AnalyticSpec, compute: Compute, ticks: int, stages: in
         sample,
         np.full(ticks, passes["dense"]),
         np.full(ticks, share["dense"]),
+        param_scale=spec.param_scale,
     )
     compressed = TickInputs(
         steps,
@@ -489,5 +541,6 @@ def analytic_inputs(spec: AnalyticSpec, compute: Compute, ticks: int, stages: in
         per_tick(share),
         np.full(ticks, b.dense_weights),
         np.full(ticks, share["dense"]),
+        spec.param_scale,
     )
     return {"dense": dense, "method": compressed}

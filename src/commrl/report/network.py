@@ -9,7 +9,8 @@ ledger.
   as a function of an assumed compute time per tick (the same for both conditions).
 - Figure 13, time to the target validation accuracy at the named interconnects, both bounds: the seed mean
   (bars) and its 95% interval (whiskers) over the seeds that reached it, ``k/n`` seeds reached.
-- Tables ``network_links`` (per interconnect and bound) and ``network_crossover``.
+- Tables ``network_links`` (per interconnect and bound; one row per interconnect when no compute time is
+  known, where both bounds are the communication time: ``COMM_ONLY``) and ``network_crossover``.
 """
 
 from __future__ import annotations
@@ -52,11 +53,16 @@ MODEL_GUIDE = (
     "the weight update across the D replicas, the largest share setting the time (W / S where the runs give "
     "no model shape), by ring all-reduce, 2(D-1)/D * bytes + 2(D-1) latencies (DDP), or (FSDP) a "
     "reduce-scatter of dense gradients, (D-1)/D * bytes + (D-1) latencies (compressed updates, PowerSGD's "
-    "factors: the ring all-reduce), then an all-gather of the parameters, dense, (D-1)/D * their bytes. "
+    "factors: the ring all-reduce), then an all-gather of the parameters, dense, (D-1)/D * their bytes at "
+    "their own element size (FSDP's mixed-precision param_dtype, bf16 in verl by default, against the "
+    "gradients' fp32: param_bytes / grad_bytes of the dense update's bytes). "
     "Channels run in turn. Bounds: no overlap, tick = sampling + training compute + "
     "communication; full overlap, tick = sampling + max(training compute, communication). Time to target: "
-    "the modelled seconds of the ticks up to the first validation at or above the target."
+    "the modelled seconds of the ticks up to the first validation at or above the target. Intervals of "
+    "seconds (tick, communication, to target) are cut at 0 s where a t-interval reaches below it: a time is "
+    "never negative, and the cut keeps the interval's coverage."
 )
+COMM_ONLY = "bounds coincide (communication only: no compute time)"
 
 
 @dataclass(frozen=True)
@@ -318,8 +324,8 @@ def target_figure(result: NetworkResult, out_dir: Path, colours: dict[str, str])
     caption = (
         "Modelled seconds until each seed's first validation at or above the target, at the named "
         "interconnects: bars the mean over the seeds that reached it, whiskers its 95% interval (Student t "
-        "below 20 seeds, BCa from 20; none with one seed); k/n: seeds that reached it. Left: no overlap; "
-        "right: full overlap."
+        "below 20 seeds, BCa from 20; none with one seed; a lower end below 0 s cut at 0 s, the least a time "
+        "can be); k/n: seeds that reached it. Left: no overlap; right: full overlap."
     )
     if result.target is None:
         note = f"Figure {TARGET_FIGURE} skipped ({pi.label}): no target (no compute time or no dense val/acc)"
@@ -401,6 +407,8 @@ def links_table(result: NetworkResult) -> Table:
 
     rows: list[list[Cell]] = []
     for r in result.rows:
+        if not pi.compute_known and r.overlap:
+            continue  # without compute both bounds are the communication time: one row, COMM_ONLY
         targets = [r.target.get(DENSE), r.target.get(c)]
         reached = ", ".join(t.reached_text() for t in targets if t is not None) or None
         rows.append(
@@ -408,7 +416,7 @@ def links_table(result: NetworkResult) -> Table:
                 r.link.name,
                 r.link.bandwidth_gbps,
                 r.link.latency_us,
-                BOUNDS[r.overlap],
+                BOUNDS[r.overlap] if pi.compute_known else COMM_ONLY,
                 per_tick(r.comm.get(DENSE)),
                 per_tick(r.comm.get(c)),
                 per_tick(r.tick.get(DENSE)),
