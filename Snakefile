@@ -1,7 +1,7 @@
 # commrl: data -> base policy -> training runs -> evaluations (+ Optuna sweep) -> report.
 #
 #   snakemake --cores 2                                   the tiny pair end to end (configs/pipeline/tiny.yaml)
-#   snakemake --configfile configs/pipeline/paper.yaml --profile slurm       pairs A and B on a Slurm cluster
+#   snakemake --configfile configs/pipeline/paper.yaml --profile slurm --sdm conda   pairs A and B on Slurm
 #   snakemake results/eval/tiny/method/seed0/toy_greedy.json --cores 2      one run's evaluation job
 #   snakemake results/studies/tiny-regime/summary --cores 2                 a grid study (not default)
 #   snakemake --report results/report.html                                    the figures, bundled

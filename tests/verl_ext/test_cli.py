@@ -64,6 +64,14 @@ def test_without_gpu_it_says_so_and_points_at_dry_run(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert rc == 1
     assert "main_ppo needs a GPU" in err and "--dry-run" in err and "tiny" in err
+    assert "torch is a CPU build" in err and "--sdm conda" in err  # this machine's torch is the CPU wheel
+
+
+def test_with_a_cuda_torch_and_no_gpu_it_says_the_machine_has_none():
+    from commrl.cli.verl_train import no_gpu_message
+
+    message = no_gpu_message("12.8")
+    assert "this machine has no GPU it can use" in message and "CPU build" not in message
 
 
 @pytest.mark.parametrize(

@@ -34,11 +34,24 @@ from commrl.run.summary import SUMMARY_FILE
 
 EXIT_ERROR, EXIT_INCOMPLETE = 1, 3
 NO_GPU = (
-    "verl's main_ppo needs a GPU (vLLM sampling, FSDP training) and this machine has none "
-    "(torch.cuda.is_available() is False). Check the run's config here with --dry-run; train on CPU "
-    "with the embedded tiny pipeline instead (commrl train pair=tiny ..., or snakemake with "
-    "configs/pipeline/tiny.yaml)"
+    "verl's main_ppo needs a GPU (vLLM sampling, FSDP training) and {why}. Check the run's config here "
+    "with --dry-run; train on CPU with the embedded tiny pipeline instead (commrl train pair=tiny ..., or "
+    "snakemake with configs/pipeline/tiny.yaml)"
 )
+CPU_TORCH = (
+    "this Python's torch is a CPU build (torch.version.cuda is None; {python}): on a GPU node, run the job "
+    "in envs/train-gpu.yaml (snakemake ... --profile slurm --sdm conda) or in a CUDA environment of your own"
+)
+
+
+def no_gpu_message(cuda_build: str | None) -> str:
+    """Why ``torch.cuda.is_available()`` is False, for a torch built for CUDA ``cuda_build`` (None: CPU)."""
+    why = (
+        CPU_TORCH.format(python=sys.executable)
+        if cuda_build is None
+        else "this machine has no GPU it can use"
+    )
+    return NO_GPU.format(why=why + " (torch.cuda.is_available() is False)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        return fail("verl-train", NO_GPU, EXIT_ERROR)
+        return fail("verl-train", no_gpu_message(torch.version.cuda), EXIT_ERROR)
     if missing:
         raise ConfigError(
             f"data file(s) missing: {', '.join(missing)}; prepare them (commrl prepare --dataset "
