@@ -106,3 +106,51 @@ def test_every_shipped_run_passes_the_read_point_checks():
     for pair, condition, commrl in runs:
         spec, cfg = checked(pair, condition, commrl)
         assert spec.read_at <= spec.ticks == cfg.trainer.total_training_steps, (pair, condition, commrl)
+
+
+@pytest.mark.parametrize(
+    ("pair", "commrl", "keep"),
+    [
+        ("A", ["ticks=150"], 3),  # saves at 100, 125, 150: the read point and the two after it
+        ("A", ["ticks=100"], 1),  # read at the last tick, 100
+        ("B", [], 2),  # 75 ticks read at 50: 50 and 75
+        ("A", ["ticks=110"], 2),  # the last tick saves off the cadence: 100 and 110
+    ],
+)
+def test_verl_keeps_the_fewest_checkpoints_that_keep_the_read_point(tmp_path, pair, commrl, keep):
+    """Unset, verl keeps every checkpoint (~45 GB each for pair A); commrl sets the fewest that leave the
+    read point's for the export, and a smaller value of one's own is refused, naming the saves after it."""
+    _, cfg = vc.compose_verl_run(pair, "dense", 0, commrl, tmp_path / "run", tmp_path / "data")
+    assert cfg.trainer.max_actor_ckpt_to_keep == keep
+    assert (
+        vc.compose_verl_run(
+            pair,
+            "dense",
+            0,
+            [*commrl, "trainer.max_actor_ckpt_to_keep=9"],
+            tmp_path / "run",
+            tmp_path / "data",
+        )[1].trainer.max_actor_ckpt_to_keep
+        == 9
+    )
+    if keep > 1:
+        with pytest.raises(
+            ConfigError, match=rf"max_actor_ckpt_to_keep={keep - 1} would delete .* at least {keep}"
+        ):
+            checked(pair, "dense", commrl, [f"trainer.max_actor_ckpt_to_keep={keep - 1}"])
+
+
+def test_verls_checkpoint_manager_deletes_all_but_the_kept_newest(tmp_path):
+    """The rule ``checkpoints_to_keep`` relies on, in verl's own manager: after saves at 25 .. 150 with
+    k = 3, the checkpoints of 100, 125 and 150 are left."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    manager = BaseCheckpointManager.__new__(BaseCheckpointManager)
+    manager.previous_saved_paths = []
+    for step in range(25, 151, 25):
+        path = tmp_path / f"global_step_{step}" / "actor"
+        manager.ensure_checkpoint_capacity(3)
+        path.mkdir(parents=True)
+        manager.register_checkpoint(str(path), 3)
+    left = sorted(int(p.parent.name.split("_")[-1]) for p in tmp_path.glob("global_step_*/actor"))
+    assert left == [100, 125, 150]

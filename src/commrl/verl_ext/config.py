@@ -430,6 +430,8 @@ def compose_verl_run(
     run = compose_run(pair, condition, seed, commrl_overrides, config_dir)
     extra = run_overrides(run, out_dir, data_dir, val_file, tracking_uri, mlflow_run_id, verl_overrides)
     cfg = compose_verl_config(extra)
+    if cfg.trainer.max_actor_ckpt_to_keep is None:  # verl's default keeps every checkpoint
+        cfg.trainer.max_actor_ckpt_to_keep = checkpoints_to_keep(run, cfg)
     check_verl_config(cfg, run)
     return run, cfg
 
@@ -456,6 +458,25 @@ def on_schedule(step: int, freq: int, total_steps: int) -> bool:
     """Whether verl's ``fit`` validates (``trainer.test_freq``) or saves (``trainer.save_freq``) after step
     ``step``: ``freq > 0`` and ``step`` a multiple of it, or the last step (``total_steps``)."""
     return freq > 0 and (step >= total_steps or step % freq == 0)
+
+
+def saves_after_read_point(run: VerlRun, cfg) -> list[int]:
+    """The ticks after ``run.read_at`` at which verl's ``fit`` saves a checkpoint (``on_schedule``)."""
+    ticks = run.ticks if cfg.trainer.total_training_steps is None else int(cfg.trainer.total_training_steps)
+    save_freq = int(cfg.trainer.save_freq)
+    return [s for s in range(run.read_at + 1, ticks + 1) if on_schedule(s, save_freq, ticks)]
+
+
+def checkpoints_to_keep(run: VerlRun, cfg) -> int:
+    """verl's ``trainer.max_actor_ckpt_to_keep`` that keeps the read point's checkpoint to the end of the run:
+    ``k = 1 + |saves after the read point|``, the fewest that leave it on disk for ``summarize_run``'s export.
+
+    verl's checkpoint manager deletes all but the ``k`` newest checkpoints it saved in its process (a resumed
+    process starts its count afresh, so it deletes none of the earlier ones). A preemption's extra save comes
+    before the run's last tick, which is always a save, so it never adds one past ``k``. Unset, verl keeps
+    every checkpoint: about 45 GB each for pair A (README "Disk"), some 300 of them for the paper matrix.
+    """
+    return 1 + len(saves_after_read_point(run, cfg))
 
 
 def check_read_point(run: VerlRun, cfg) -> None:
@@ -487,6 +508,14 @@ def check_read_point(run: VerlRun, cfg) -> None:
             f"read_at={read_at} is invalid with trainer.save_freq={save_freq}: the read model exists only "
             f"as verl's checkpoint, saved every save_freq ticks and at the last tick ({ticks}); set read_at "
             f"to a multiple of trainer.save_freq or to ticks, or trainer.save_freq to a divisor of {read_at}"
+        )
+    keep, need = trainer.max_actor_ckpt_to_keep, checkpoints_to_keep(run, cfg)
+    if keep is not None and int(keep) < need:
+        raise ConfigError(
+            f"trainer.max_actor_ckpt_to_keep={keep} would delete the read point's checkpoint (tick "
+            f"{read_at}) before the run exports it: verl keeps the {keep} newest, and it saves at "
+            f"{saves_after_read_point(run, cfg)} after the read point; set it to at least {need}, or leave "
+            f"it unset (commrl then keeps {need})"
         )
 
 
