@@ -8,6 +8,7 @@ commrl mixin that ``TwoCircuitFSDPEngine`` puts on the GPU engine.
 from __future__ import annotations
 
 import copy
+import math
 import multiprocessing
 
 import pytest
@@ -16,7 +17,14 @@ import torch
 from commrl.errors import ConfigError
 from commrl.verl_ext import TwoCircuitFSDPEngine
 from commrl.verl_ext.config import method_to_env
-from commrl.verl_ext.engine import DENSE_REF_KEY, DENSE_REFERENCE
+from commrl.verl_ext.engine import (
+    ANCHOR_ADV_KEY,
+    ANCHOR_IS_KEY,
+    ANCHOR_MASK_KEY,
+    DENSE_REF_KEY,
+    DENSE_REFERENCE,
+    OLD_PASS,
+)
 
 DENSE = dict(codec="identity", grad_codec="none", anchor=False, projection="none")
 HALF = 8  # rows per optimizer step: two mini-batches per tick on the 16-row batch
@@ -148,6 +156,81 @@ def test_fire_ticks_take_the_kl_term_against_the_dense_reference(cpu_verl, tiny_
         cpu_verl.run_ticks(worker, batch, 1, HALF)
 
 
+def test_fire_ticks_extra_old_passes_dense_counted_and_readout_uncounted(cpu_verl, tiny_model_dir, method):
+    """The trainer's extra old-log-prob passes on a fire tick (OLD_PASS): ``dense`` gives the stock engine's
+    log-probs and adds one dense forward to the tick's bytes (the local driver's dense old pass);
+    ``readout`` gives the codec's log-probs and adds nothing (an uncounted read-out)."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    stock = cpu_verl.build_worker(cfg, "actor", "stock")
+    method(codec="lowrank", cadence=2)
+    batch = cpu_verl.training_batch(stock)
+
+    def fire_tick(*passes: str):
+        worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+        tick = copy.deepcopy(batch)
+        tick.batch["old_log_probs"] = cpu_verl.log_probs(worker, tick)
+        extra = {mode: cpu_verl.log_probs(worker, tick, **{OLD_PASS: mode}) for mode in passes}
+        metrics = cpu_verl.update(worker, tick, cpu_verl.BATCH)
+        return metrics, {"infer": tick.batch["old_log_probs"], **extra}, cpu_verl.engine_of(worker).controller
+
+    plain, _, _ = fire_tick()
+    metrics, log_probs, ctrl = fire_tick("dense", "readout")
+    assert torch.equal(log_probs["dense"], cpu_verl.log_probs(stock, batch))
+    assert torch.equal(log_probs["readout"], log_probs["infer"])
+    assert not torch.equal(log_probs["readout"], log_probs["dense"])
+    tokens = int(batch.batch["attention_mask"].sum())
+    dense_forward = len(ctrl.layer_ids) * tokens * ctrl.hidden * 4  # every point, every real token, fp32
+    for key in ("comm/bytes_activations", "comm/bytes_dense"):
+        assert metrics[key][0] - plain[key][0] == dense_forward, key
+    assert metrics["comm/bytes_anchor"] == plain["comm/bytes_anchor"]
+
+
+def test_fire_replay_takes_the_anchor_inputs(cpu_verl, tiny_model_dir, method):
+    """Decoupled correction on a fire tick: the replay's loss reads ANCHOR_MASK_KEY (its mask and verl's
+    token count), ANCHOR_ADV_KEY and ANCHOR_IS_KEY (none without it), not the batch's response_mask,
+    advantages and rollout_is_weights (the compressed correction's); a fast tick ignores the anchor keys."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    method(codec="lowrank", cadence=2)
+
+    def run(ticks: int = 1, anchor_is: bool = True, edit_batch: bool = False, edit_anchor: bool = False):
+        worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+        batch = cpu_verl.training_batch(worker)
+        tensors, gen = batch.batch, torch.Generator().manual_seed(1)
+        anchor_mask = tensors["response_mask"].clone()
+        anchor_mask[[1, 6, 11, 12]] = 0  # the dense correction's rejection
+        tensors[ANCHOR_MASK_KEY], tensors[ANCHOR_ADV_KEY] = anchor_mask, tensors["advantages"] * 1.5
+        if anchor_is:
+            tensors[ANCHOR_IS_KEY] = torch.rand(anchor_mask.shape, generator=gen)
+        if edit_batch:  # another (compressed) correction: rejection, advantages, weights
+            tensors["response_mask"] = tensors["response_mask"].clone()  # a view of attention_mask
+            tensors["response_mask"][[0, 2, 3]] = 0
+            tensors["advantages"] = tensors["advantages"] * 3.0
+            tensors["rollout_is_weights"] = torch.rand(anchor_mask.shape, generator=gen)
+        keys = set(tensors.keys()) & {ANCHOR_MASK_KEY, ANCHOR_ADV_KEY, ANCHOR_IS_KEY}
+        anchor = {key: tensors[key].clone() for key in keys}
+        history = cpu_verl.run_ticks(worker, batch, 1, cpu_verl.BATCH)
+        if ticks == 2:
+            if edit_anchor:
+                tensors[ANCHOR_MASK_KEY][[0, 5]] = 0
+                tensors[ANCHOR_ADV_KEY] = tensors[ANCHOR_ADV_KEY] * -2.0
+            history += cpu_verl.run_ticks(worker, batch, 1, cpu_verl.BATCH)
+        return history, cpu_verl.full_params(cpu_verl.engine_of(worker)), anchor
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return all(torch.equal(a[name], b[name]) for name in a)
+
+    def replay_loss(anchor: dict[str, torch.Tensor]) -> float:  # ratio one: token-mean of -A * w
+        mask, weights = anchor[ANCHOR_MASK_KEY].bool(), anchor.get(ANCHOR_IS_KEY, 1.0)
+        return float(-(anchor[ANCHOR_ADV_KEY] * weights * mask).sum() / mask.sum())
+
+    history, fired, anchor = run()
+    assert history[0]["actor/pg_loss"] == [pytest.approx(replay_loss(anchor), abs=1e-6)]
+    assert same(run(edit_batch=True)[1], fired)
+    history, _, anchor = run(anchor_is=False, edit_batch=True)
+    assert history[0]["actor/pg_loss"] == [pytest.approx(replay_loss(anchor), abs=1e-6)]
+    assert same(run(ticks=2, edit_anchor=True)[1], run(ticks=2)[1])  # tick 1 is fast: the batch's keys
+
+
 def test_prf_masks_of_old_and_training_passes_agree(cpu_verl, tiny_model_dir, method):
     """prf_mask, lr = 0: both mini-batches see the old-log-prob pass's masks, so the ratio is exactly one."""
     cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir, extra=("actor_rollout_ref.actor.optim.lr=0.0",))
@@ -264,3 +347,27 @@ def test_gradient_checkpointing_changes_nothing(cpu_verl, tiny_model_dir, method
         torch.testing.assert_close(ckpt[name], plain[name], atol=1e-6, rtol=1e-5, msg=name)
     for tick in range(2):
         assert ckpt_hist[tick]["comm/bytes_activations"] == plain_hist[tick]["comm/bytes_activations"], tick
+
+
+def test_a_fully_masked_mini_batch_steps_on_a_zero_gradient_and_keeps_the_codec_finite(
+    cpu_verl, tiny_model_dir, method
+):
+    """A mini-batch whose every token is masked (verl's decoupled rejection can drop them all) has verl's
+    token-mean 0 / 0: NaN gradients, which PowerSGD's error feedback and the sign memory would keep. Its loss
+    is 0 and its gradient 0, as the local driver's, and the next mini-batch trains as before."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    method(codec="lowrank", cadence=4)
+    worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+    batch = cpu_verl.training_batch(worker)
+    cpu_verl.run_ticks(worker, batch, 1, HALF)  # tick 0 fires
+    batch.batch["response_mask"][:HALF] = 0  # the first mini-batch of each later tick: no token left
+    history = cpu_verl.run_ticks(worker, batch, 2, HALF)
+    engine = cpu_verl.engine_of(worker)
+    for metrics in history:
+        assert metrics["actor/pg_loss"][0] == 0.0 and all(map(math.isfinite, metrics["actor/pg_loss"]))
+        (norm,) = (v for k, v in metrics.items() if k.endswith("grad_norm"))
+        assert all(map(math.isfinite, norm))
+    state = engine.controller.state_dict()
+    kept = [*state["powersgd"]["error"].values(), *state["memory"].values()]
+    assert kept and all(torch.isfinite(t).all() for t in kept)
+    assert all(torch.isfinite(p).all() for p in cpu_verl.full_params(engine).values())

@@ -16,12 +16,21 @@ import yaml
 from omegaconf import OmegaConf
 from verl.trainer.config.algorithm import RolloutCorrectionConfig
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.metric import reduce_metrics
 
 from commrl.cli.main import main
 from commrl.errors import ConfigError
 from commrl.rl.config import HealthConfig, RLConfig
 from commrl.rl.correction import RolloutCorrection
 from commrl.verl_ext import config as vc
+from commrl.verl_ext.config import method_from_env
+from commrl.verl_ext.engine import (
+    ANCHOR_ADV_KEY,
+    ANCHOR_IS_KEY,
+    ANCHOR_MASK_KEY,
+    DENSE_REF_KEY,
+    ELIGIBLE_KEY,
+)
 from commrl.verl_ext.trainer import CommrlPPOTrainer, StepChecks, method_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,17 +213,18 @@ def worker_config(cpu_verl, model_dir: Path, commrl):
 def trainer_around(cfg, worker) -> CommrlPPOTrainer:
     trainer = object.__new__(CommrlPPOTrainer)
     trainer.config, trainer.actor_rollout_wg, trainer.global_steps = cfg, worker, 1
-    trainer.checks = StepChecks(None, HealthConfig())
+    trainer.checks = StepChecks(method_from_env(), HealthConfig())
     return trainer
 
 
-def sampled_batch(cpu_verl, worker, log_ratio):
-    """The harness batch with the trainer's log-probs and the sampler's at ``log_ratio`` below them
-    (``log_ratio(row, length) -> (length,)``), and token-level rewards as verl's reward step leaves them."""
+def sampled_batch(cpu_verl, worker, log_ratio, below=None):
+    """The harness batch with the trainer's log-probs and the sampler's at ``log_ratio`` below them (or below
+    the log-probs of the worker ``below``; ``log_ratio(row, length) -> (length,)``), and token-level rewards
+    as verl's reward step leaves them."""
     batch = cpu_verl.training_batch(worker)
     trainer_lp = cpu_verl.log_probs(worker, batch)
     mask = batch.batch["response_mask"]
-    rollout = trainer_lp.clone()
+    rollout = (trainer_lp if below is None else cpu_verl.log_probs(below, batch)).clone()
     for i in range(mask.shape[0]):
         n = int(mask[i].sum())
         rollout[i, :n] -= log_ratio(i, n)
@@ -222,6 +232,7 @@ def sampled_batch(cpu_verl, worker, log_ratio):
     rewards[torch.arange(mask.shape[0]), mask.sum(-1) - 1] = batch.batch["scores"]
     batch.batch["token_level_rewards"] = rewards
     batch.batch["rollout_log_probs"] = rollout
+    batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()  # as verl's fit
     del batch.batch["advantages"]  # verl computes them after the correction
     return batch, trainer_lp
 
@@ -233,6 +244,35 @@ def advantages(batch, cfg) -> None:
 
 
 REJECTED = {1, 6, 11, 12}  # rows whose sampler ratio is 3 on every token (geometric mean 3 > 2)
+# decoupled IcePop (weights zero outside [0.5, 5]) and sequence rejection (geometric mean outside [0.5, 2])
+DECOUPLED_CORRECTED = (
+    "rl.rollout_correction.rollout_is=token",
+    "rl.rollout_correction.rollout_is_threshold=0.5_5.0",
+    "rl.rollout_correction.rollout_rs=seq_mean_k1",
+    "rl.rollout_correction.rollout_rs_threshold=0.5_2.0",
+)
+
+
+def rejecting(outlier: float):
+    """``log_ratio`` of ``sampled_batch``: ratio 3 on every token of the REJECTED rows; on the others 1, but
+    ``outlier`` on token ``row % length`` (the sequence's geometric mean stays inside [0.5, 2])."""
+
+    def log_ratio(row: int, n: int) -> torch.Tensor:
+        r = torch.zeros(n)
+        r[:] = torch.log(torch.tensor(3.0)) if row in REJECTED else 0.0
+        if row not in REJECTED:
+            r[row % n] = torch.log(torch.tensor(outlier))
+        return r
+
+    return log_ratio
+
+
+def outlier_tokens(mask: torch.Tensor) -> torch.Tensor:
+    """(batch, response) bool: the ``outlier`` token of each row outside REJECTED (``rejecting``)."""
+    out = torch.zeros_like(mask, dtype=torch.bool)
+    for i in set(range(len(mask))) - REJECTED:
+        out[i, i % int(mask[i].sum())] = True
+    return out
 
 
 def test_decoupled_icepop_and_rejection_reach_verls_loss(cpu_verl, tiny_model_dir, method):
@@ -241,24 +281,10 @@ def test_decoupled_icepop_and_rejection_reach_verls_loss(cpu_verl, tiny_model_di
     as carrying gradient (ratio 1: nothing clipped), and the rejected ones as eligible."""
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
-    commrl = [
-        "rl.rollout_correction.rollout_is=token",
-        "rl.rollout_correction.rollout_is_threshold=0.5_5.0",
-        "rl.rollout_correction.rollout_rs=seq_mean_k1",
-        "rl.rollout_correction.rollout_rs_threshold=0.5_2.0",
-    ]
-    cfg = worker_config(cpu_verl, tiny_model_dir, commrl)
+    cfg = worker_config(cpu_verl, tiny_model_dir, list(DECOUPLED_CORRECTED))
     method(**DENSE)
     worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
-
-    def log_ratio(row, n):  # rejected rows: 3 everywhere; others: one token at 6 (outside IcePop's band)
-        r = torch.zeros(n)
-        r[:] = torch.log(torch.tensor(3.0)) if row in REJECTED else 0.0
-        if row not in REJECTED:
-            r[row % n] = torch.log(torch.tensor(6.0))
-        return r
-
-    batch, trainer_lp = sampled_batch(cpu_verl, worker, log_ratio)
+    batch, trainer_lp = sampled_batch(cpu_verl, worker, rejecting(6.0))  # 6: outside IcePop's band
     batch.batch["old_log_probs"] = trainer_lp
     valid = batch.batch["response_mask"].bool().clone()
     pre = copy.deepcopy(batch)
@@ -291,15 +317,7 @@ def test_bypass_mode_runs_verls_bypass_loss_in_the_workers(cpu_verl, tiny_model_
     cfg = worker_config(cpu_verl, tiny_model_dir, list(SYNC_CORRECTED))
     method(**DENSE)
     worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
-
-    def log_ratio(row, n):  # trainer / sampler: 3 on rejected rows; one token at 1.5 (> 1 + eps) elsewhere
-        r = torch.zeros(n)
-        r[:] = torch.log(torch.tensor(3.0)) if row in REJECTED else 0.0
-        if row not in REJECTED:
-            r[row % n] = torch.log(torch.tensor(1.5))
-        return r
-
-    batch, _ = sampled_batch(cpu_verl, worker, log_ratio)
+    batch, _ = sampled_batch(cpu_verl, worker, rejecting(1.5))  # trainer / sampler 1.5 > 1 + eps
     apply_bypass_mode(
         batch, cfg.algorithm.rollout_correction, copy.deepcopy(cfg.actor_rollout_ref.actor.policy_loss)
     )
@@ -308,10 +326,8 @@ def test_bypass_mode_runs_verls_bypass_loss_in_the_workers(cpu_verl, tiny_model_
     eligible = mask & (adv != 0)
     rejected = torch.zeros_like(mask)
     rejected[sorted(REJECTED)] = True
-    shifted = torch.zeros_like(mask)
-    for i in set(range(len(mask))) - REJECTED:
-        shifted[i, i % int(mask[i].sum())] = True
-    clipped = shifted & (adv > 0)  # ratio 1.5 > 1.2 with A > 0: PPO's clip takes the gradient away
+    # ratio 1.5 > 1.2 with A > 0: PPO's clip takes the gradient away
+    clipped = outlier_tokens(mask) & (adv > 0)
     carrying = eligible & ~rejected & ~clipped
     assert clipped.sum() > 0 and carrying.sum() < (eligible & ~rejected).sum()
 
@@ -320,3 +336,108 @@ def test_bypass_mode_runs_verls_bypass_loss_in_the_workers(cpu_verl, tiny_model_
     assert sum(masked) / len(masked) == pytest.approx(len(REJECTED) / len(mask))
     assert metrics["actor/effective_token_frac"] == pytest.approx(float(carrying.sum() / eligible.sum()))
     assert not any(key.startswith("mismatch/") for key in metrics)  # no trainer old pass to compare
+
+
+def test_decoupled_fire_corrects_the_replay_from_a_dense_old_pass(cpu_verl, tiny_model_dir, method):
+    """Decoupled mode on a fire tick (method.md §4b): the trainer adds a dense old pass and the anchor's
+    replay takes its correction, ``rho = pi_old_dense / pi_sampler``, not verl's from the compressed old
+    pass: the dense rejection's mask and token count, its IcePop weights and the advantages before any
+    rejection; verl's names under ``anchor/``, as the local driver logs them. A fast tick adds none."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    cfg = worker_config(cpu_verl, tiny_model_dir, list(DECOUPLED_CORRECTED))
+    stock = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "stock")
+    method(codec="lowrank", cadence=2)
+    worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
+
+    # the sampler below the dense log-probs: the dense ratio rejects REJECTED and is 6 on the outlier tokens
+    batch, compressed = sampled_batch(cpu_verl, worker, rejecting(6.0), below=stock)
+    tensors = batch.batch
+    valid = tensors["response_mask"].bool().clone()
+    dense, rollout = cpu_verl.log_probs(stock, batch), tensors["rollout_log_probs"]
+    # one more row whose sampler ratio has the geometric mean 2 exp(-g/2) for the dense pass and 2 exp(g/2)
+    # for the compressed one (g = the row's mean log(pi_compressed / pi_dense) > 0): only verl rejects it
+    gap = ((compressed - dense) * valid).sum(-1) / valid.sum(-1)
+    edge = max(set(range(len(valid))) - REJECTED, key=lambda row: float(gap[row]))
+    assert gap[edge] > 0
+    rollout[edge, valid[edge]] = dense[edge, valid[edge]] - (torch.log(torch.tensor(2.0)) - gap[edge] / 2)
+    tensors["old_log_probs"] = compressed
+    pre = copy.deepcopy(batch)
+    advantages(pre, cfg)
+    adv = pre.batch["advantages"]  # before any rejection
+    batch, _ = compute_rollout_correction_and_add_to_batch(batch, cfg.algorithm.rollout_correction)
+    advantages(batch, cfg)
+    kept = valid.clone()
+    kept[sorted(REJECTED)] = False
+    assert kept[edge].any() and not batch.batch["response_mask"][edge].any()  # verl's rejection differs
+    assert (adv[edge] != 0).any()  # the replay needs the advantages verl's rejection zeroed
+    rho = torch.exp(dense - rollout)
+    weights = rho * ((rho >= 0.5) & (rho <= 5.0))  # IcePop on the dense ratio
+
+    trainer = trainer_around(cfg, worker)  # global step 1: tick 0 fires
+    metrics = trainer._update_actor(batch).meta_info["metrics"]
+    assert metrics["anchor/rollout_corr/rollout_rs_seq_masked_fraction"] == len(REJECTED) / len(valid)
+    pg_loss = -(adv * weights * kept).sum() / kept.sum()  # ratio one
+    assert metrics["actor/pg_loss"] == [pytest.approx(float(pg_loss), abs=1e-6)]
+    eligible = valid & (adv != 0)
+    carrying = eligible & kept & (weights > 0)
+    assert 0 < carrying.sum() < eligible.sum()
+    assert metrics["actor/effective_token_frac"] == pytest.approx(float(carrying.sum() / eligible.sum()))
+    assert not set(batch.batch.keys()) & {ANCHOR_MASK_KEY, ANCHOR_IS_KEY, ANCHOR_ADV_KEY, ELIGIBLE_KEY}
+
+    trainer.global_steps = 2  # tick 1: fast, verl's correction from the compressed old pass
+    batch, compressed = sampled_batch(cpu_verl, worker, rejecting(6.0))
+    batch.batch["old_log_probs"] = compressed
+    batch, _ = compute_rollout_correction_and_add_to_batch(batch, cfg.algorithm.rollout_correction)
+    advantages(batch, cfg)
+    metrics = trainer._update_actor(batch).meta_info["metrics"]
+    assert not any(key.startswith("anchor/rollout_corr/") for key in metrics)
+
+
+def test_bypass_fire_reads_out_through_the_codec_uncounted(cpu_verl, tiny_model_dir, method):
+    """Bypass mode on a fire tick: verl's bypass loss reads the ratio-one replay (``rho = 1``: its
+    ``actor/rollout_corr/*`` say no mismatch). The trainer adds the local driver's read-out pass, through the
+    codec and uncounted, for ``rollout_corr/*`` and ``actor/kl_loss``; the update and its bytes are those of
+    the trainer without it, and no dense pass runs."""
+    from verl.trainer.ppo.ray_trainer import compute_response_mask
+    from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
+
+    from commrl.rl.correction import correct
+    from commrl.rl.grpo import batch_kl
+
+    cfg = worker_config(cpu_verl, tiny_model_dir, list(SYNC_CORRECTED))
+    method(codec="lowrank", cadence=2)
+    # three fresh workers: one samples (its pass is counted), one trains with the read-out, one without
+    sampler, worker, plain_worker = (
+        cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl") for _ in range(3)
+    )
+    batch, compressed = sampled_batch(cpu_verl, sampler, rejecting(1.5))
+    for key in ("ref_log_prob", DENSE_REF_KEY):  # a reference near the policy (verl's k3 clamps at 10)
+        batch.batch[key] = compressed + 0.1
+    apply_bypass_mode(
+        batch, cfg.algorithm.rollout_correction, copy.deepcopy(cfg.actor_rollout_ref.actor.policy_loss)
+    )
+    advantages(batch, cfg)
+    plain_trainer = trainer_around(cfg, plain_worker)
+    plain_trainer.checks.method = None  # verl's update alone
+    plain = plain_trainer._update_actor(copy.deepcopy(batch)).meta_info["metrics"]
+    metrics = trainer_around(cfg, worker)._update_actor(batch).meta_info["metrics"]
+
+    valid = compute_response_mask(batch)
+    rl = vc.compose_run("A", "dense", 0, list(SYNC_CORRECTED)).rollout_correction
+    want = correct(compressed, batch.batch["rollout_log_probs"], valid, rl).metrics
+    assert want["rollout_corr/rollout_rs_seq_masked_fraction"] == len(REJECTED) / len(valid)
+    assert {key: metrics[key] for key in want} == pytest.approx(want)
+    assert plain["actor/rollout_corr/rollout_rs_seq_masked_fraction"] == [0.0]  # the replay: rho = 1
+    assert "rollout_corr/kl" not in method_metrics(reduce_metrics(dict(metrics)))  # the read-out's is logged
+    actor = cfg.actor_rollout_ref.actor
+    kl = batch_kl(
+        actor.kl_loss_type, actor.loss_agg_mode, compressed, batch.batch["ref_log_prob"], valid.bool()
+    )
+    assert metrics["actor/kl_loss"] == pytest.approx(float(kl))
+    assert plain["actor/kl_loss"] != [pytest.approx(float(kl))]  # the replay's, at the dense view
+    for key in ("actor/pg_loss", "actor/comm/bytes_activations", "actor/comm/bytes_dense"):
+        assert metrics[key] == plain[key], key
+    ours, theirs = (cpu_verl.full_params(cpu_verl.engine_of(w)) for w in (worker, plain_worker))
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+    assert not any(key.startswith("anchor/rollout_corr/") for key in metrics)

@@ -25,6 +25,7 @@ from commrl.verl_ext.trainer import (
     CommrlPPOTrainer,
     StepChecks,
     batch_mismatch,
+    fire_kl_loss,
     logging_method_names,
     method_metrics,
 )
@@ -132,6 +133,34 @@ def test_batch_mismatch_reads_every_valid_token_after_verls_rejection():
     batch, _ = compute_rollout_correction_and_add_to_batch(batch, config)
     assert batch.batch["response_mask"].sum() < mask.sum()  # verl rejected some sequences
     assert batch_mismatch(batch) == pytest.approx(mismatch_metrics(sampler, old, mask))
+
+
+def test_fire_kl_loss_reads_every_valid_token_after_verls_rejection(cpu_verl, tiny_model_dir):
+    """A fire tick's ``actor/kl_loss`` after verl's decoupled rejection (its own
+    ``compute_rollout_correction_and_add_to_batch``): the old pass against the reference over every valid
+    token (the pair's estimator and aggregation), as the local driver reads it, not over the kept ones."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    gen = torch.Generator().manual_seed(0)
+    sampler = torch.randn(8, 6, generator=gen) * 0.5 - 1.0
+    shift = torch.tensor([0.0, 0.1, 0.2, 1.5, 2.0, 2.5, 3.0, 3.5]).unsqueeze(-1)  # rows far off the sampler
+    old = sampler - shift + torch.randn(8, 6, generator=gen) * 0.3
+    mask = torch.ones(8, 6, dtype=torch.long)
+    mask[0, 4:] = 0
+    batch = DataProto.from_dict(
+        tensors=dict(old_log_probs=old, rollout_log_probs=sampler, ref_log_prob=sampler, **_responses(mask))
+    )
+    config = RolloutCorrectionConfig(
+        rollout_is=None, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.5_2.0"
+    )
+    batch, _ = compute_rollout_correction_and_add_to_batch(batch, config)
+    assert 0 < batch.batch["response_mask"].sum() < mask.sum()  # verl rejected some sequences
+    actor = cpu_verl.paper_config(tiny_model_dir).actor_rollout_ref.actor
+    kld = core_algos.kl_penalty(old, sampler, actor.kl_loss_type)
+    want = core_algos.agg_loss(loss_mat=kld, loss_mask=mask.bool(), loss_agg_mode=actor.loss_agg_mode)
+    assert fire_kl_loss(batch, actor, old) == pytest.approx(float(want), rel=1e-6)
 
 
 def update_metrics(step: int) -> dict:

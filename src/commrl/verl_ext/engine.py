@@ -6,7 +6,10 @@ variable the engine is the stock engine. One verl trainer step is one tick (meth
 
 - every forward of the actor goes through the activation codec: the old-log-prob pass (``infer_batch``)
   and the training passes, micro-batch ``j`` with PRF key ``j`` (the passes share one micro-batch
-  partition when their token budgets agree, as in configs/verl/), the token mask of padded inputs;
+  partition when their token budgets agree, as in configs/verl/), the token mask of padded inputs; a fire
+  tick's extra old-log-prob pass, flagged ``OLD_PASS`` by the trainer, is ``dense`` (``controller.dense``,
+  counted: decoupled mode's anchor correction) or ``readout`` (through the codec, uncounted: bypass mode's
+  read-outs), as the local driver's passes of those modes;
 - the reference model (``engine_config.forward_only``) goes through the same codec -- the actor's bases and
   masks, found in this process -- when ``kl_ref_forward == "codec"``, else stays dense; a pass flagged
   ``DENSE_REFERENCE`` stays dense too: on a fire tick the trainer adds those log-probs (``DENSE_REF_KEY``),
@@ -25,9 +28,13 @@ variable the engine is the stock engine. One verl trainer step is one tick (meth
 - with the anchor off, tick 0's first old-log-prob pass (``infer_batch``) first calibrates ``Q``;
   with ``method.fast_step=false`` the fast ticks' mini-batches take no optimizer step;
 - the controller's state is saved and loaded with verl's checkpoints (``commrl_controller_rank<r>.pt``).
-- the loss is verl's own (``verl.workers.utils.losses.ppo_loss``, the worker's ``loss_function``), so
-  the rollout correction's ``rollout_is_weights`` and the rejection-masked ``response_mask`` (decoupled mode)
-  and the bypass-mode policy loss reach it unchanged (``ratio_one`` replaces only ``old_log_probs``);
+- the loss is verl's own (``verl.workers.utils.losses.ppo_loss``, the worker's ``loss_function``): fast
+  ticks take verl's rollout correction as verl computed it (decoupled mode: ``rollout_is_weights`` and the
+  rejection-masked ``response_mask`` of the compressed old pass; bypass mode: the ``bypass_mode`` policy
+  loss). The replay's ``ratio_one`` replaces ``old_log_probs``, which in bypass mode are also the bypass
+  loss's behaviour log-probs, so there the replay is the uncorrected ratio-one update (``rho = 1``); in
+  decoupled mode ``anchor_replay_data`` gives it the dense old pass's correction (``ANCHOR_*_KEY``, set by the
+  trainer): its mask (also ``loss_mask``, verl's token count), its weights, the advantages before rejection;
   ``counting_effective_tokens`` adds, per micro-batch, the tokens whose policy-gradient loss has a nonzero
   gradient w.r.t. their log-prob among the eligible ones the trainer marks (``ELIGIBLE_KEY``), for
   ``actor/effective_token_frac``.
@@ -76,6 +83,16 @@ EFFECTIVE_TOKENS, ELIGIBLE_TOKENS = "actor/effective_tokens", "actor/eligible_to
 # DENSE_REF_KEY; the anchor's updates use them in place of the batch's ``ref_log_prob`` (the codec's).
 DENSE_REFERENCE = "commrl_dense_reference"
 DENSE_REF_KEY = "commrl_ref_log_prob_dense"
+# A fire tick's extra old-log-prob pass of the actor, asked by the trainer with the non-tensor entry OLD_PASS:
+# "dense" (no codec, counted as dense traffic: the anchor's rollout correction in decoupled mode) or
+# "readout" (through the codec, uncounted: the tick's read-outs in bypass mode).
+OLD_PASS = "commrl_old_pass"
+OLD_PASSES = ("dense", "readout")
+# The anchor replay's loss inputs in decoupled mode (the dense pass's correction, set by the trainer): the
+# rejection mask, the IS weights (absent when rollout_is is off) and the advantages before any rejection.
+ANCHOR_MASK_KEY = "commrl_anchor_response_mask"
+ANCHOR_IS_KEY = "commrl_anchor_is_weights"
+ANCHOR_ADV_KEY = "commrl_anchor_advantages"
 CONTROLLER_FILE = "commrl_controller_rank{rank}.pt"
 _actor_controller: weakref.ReferenceType[TwoCircuitController] | None = None
 
@@ -160,6 +177,44 @@ def dense_reference(loss_function: Callable) -> Callable:
     def loss(model_output: dict, data, dp_group=None):
         data = data.copy()
         data["ref_log_prob"] = data[DENSE_REF_KEY]
+        return loss_function(model_output=model_output, data=data, dp_group=dp_group)
+
+    return loss
+
+
+def anchor_replay_data(data):
+    """The batch the anchor's replay trains on (method.md §4b, decoupled mode): with ``ANCHOR_MASK_KEY``,
+    ``response_mask`` and ``loss_mask`` := it (verl's ``batch_num_tokens`` is the sum of ``loss_mask``),
+    ``advantages`` := ``ANCHOR_ADV_KEY``, ``rollout_is_weights`` := ``ANCHOR_IS_KEY`` (removed without it):
+    the dense old pass's correction, not the compressed one verl applied to the batch. Otherwise ``data``."""
+    if ANCHOR_MASK_KEY not in data:
+        return data
+    data = data.copy()
+    mask = data[ANCHOR_MASK_KEY].to(data["response_mask"].dtype)
+    data["response_mask"], data["loss_mask"], data["advantages"] = mask, mask, data[ANCHOR_ADV_KEY]
+    if ANCHOR_IS_KEY in data:
+        data["rollout_is_weights"] = data[ANCHOR_IS_KEY]
+    else:
+        data.pop("rollout_is_weights", None)
+    return data
+
+
+def empty_safe(loss_function: Callable | None) -> Callable | None:
+    """The loss of a mini-batch with no token in its loss mask (a fully rejected one) as 0 with a zero
+    gradient, as the local driver's (``commrl.rl.grpo``), not verl's token-mean ``0 / 0``.
+
+    verl's ``token-mean`` divides by the mini-batch's global token count (``batch_num_tokens``, counted from
+    ``loss_mask`` before the loss runs): at 0 the loss and every gradient are NaN. verl's optimizer skips a
+    non-finite step, but the codec would keep the NaN: PowerSGD's error feedback and the sign memory carry it
+    into every later tick, whose steps are then all skipped. With the count raised to 1 the masked sums are
+    exactly 0, and so is every gradient."""
+    if loss_function is None:
+        return None
+
+    def loss(model_output: dict, data, dp_group=None):
+        if tu.get_non_tensor_data(data=data, key="batch_num_tokens", default=None) == 0:
+            data = data.copy()
+            tu.assign_non_tensor(data, batch_num_tokens=1)
         return loss_function(model_output=model_output, data=data, dp_group=dp_group)
 
     return loss
@@ -311,14 +366,22 @@ class TwoCircuitEngineMixin:
                 ctrl.calibrate(lambda: self.forward_backward_batch(data, None, True))
             finally:
                 self._pass = None
-        dense = self._ref_points is not None and tu.get_non_tensor_data(
-            data=data, key=DENSE_REFERENCE, default=False
-        )
-        self._pass, self._microbatch = (None if dense else "infer"), 0
+        self._pass, self._microbatch = self._infer_pass(data), 0
         try:
             return super().infer_batch(data, loss_function)
         finally:
             self._pass = None
+
+    def _infer_pass(self, data) -> str | None:
+        """The pass of a forward-only request: the reference's ``DENSE_REFERENCE`` without a session, the
+        actor's ``OLD_PASS`` (``dense`` | ``readout``), else ``infer`` (through the codec, counted)."""
+        if self._ref_points is not None:
+            dense = tu.get_non_tensor_data(data=data, key=DENSE_REFERENCE, default=False)
+            return None if dense else "infer"
+        mode = tu.get_non_tensor_data(data=data, key=OLD_PASS, default="infer")
+        if mode not in ("infer", *OLD_PASSES):
+            raise ValueError(f"{OLD_PASS}={mode!r} is not one of {', '.join(OLD_PASSES)}")
+        return mode
 
     def forward_backward_batch(self, data, loss_function, forward_only=False):
         try:
@@ -356,7 +419,9 @@ class TwoCircuitEngineMixin:
         if self._pass == "dense":
             return self.controller.dense(token_mask=token_mask(self, micro_batch))
         j, self._microbatch = self._microbatch, self._microbatch + 1
-        return self.controller.compressed(microbatch_id=j, token_mask=token_mask(self, micro_batch))
+        return self.controller.compressed(
+            microbatch_id=j, token_mask=token_mask(self, micro_batch), counted=self._pass != "readout"
+        )
 
     # -- one mini-batch = one optimizer step ---------------------------------------------------------------
     def train_batch(self, data, loss_function):
@@ -364,6 +429,7 @@ class TwoCircuitEngineMixin:
         loss_function = counting_effective_tokens(loss_function)
         if ctrl is None:
             return super().train_batch(data, loss_function)
+        loss_function = empty_safe(loss_function)
         tu.maybe_fix_3d_position_ids(data)
         first = not self._in_tick
         if first:
@@ -381,6 +447,7 @@ class TwoCircuitEngineMixin:
         try:
             if ctrl.is_fire_tick() and first:
                 outputs = {}
+                data = anchor_replay_data(data)
 
                 def dense_replay() -> None:
                     self.optimizer_zero_grad()

@@ -22,12 +22,20 @@ What it adds to verl's metrics (nothing is renamed away; verl's own names stay):
 On an anchor fire with the reference through the codec (``MethodConfig.dense_reference_due``) the trainer
 also asks the reference worker for its dense log-probs (``engine.DENSE_REFERENCE``), which the anchor's dense
 updates take their KL term against (``engine.DENSE_REF_KEY``); that tick's ``actor/kl_loss`` is then the
-read-out every other tick logs, the trainer's old pass against the codec reference (``grpo.batch_kl``), not
-the dense replay's KL at the projected weights (the local driver logs the same).
+read-out every other tick logs, the trainer's old pass against the codec reference over every valid token
+(``fire_kl_loss``), not the dense replay's KL at the projected weights (the local driver logs the same).
 
 verl logs the rollout correction's ``rollout_corr/*`` itself (decoupled mode: its trainer, every step;
 bypass mode: the workers' ``bypass_mode`` loss). In bypass mode the trainer's old pass does not run
-(``old_log_probs`` are the sampler's), so ``mismatch/*`` are not logged.
+(``old_log_probs`` are the sampler's), so ``mismatch/*`` are not logged. A fire tick with the sampler's
+log-probs adds one actor pass before its update (``_fire_pass``, ``engine.OLD_PASS``), as the local driver:
+
+- decoupled mode with a correction: a dense old pass, counted; its correction against the sampler
+  (``commrl.rl.correction.correct``) is the anchor replay's (``engine.anchor_replay_data``: mask, weights,
+  and the advantages before any rejection, ``valid_advantages``), logged as ``anchor/rollout_corr/*``;
+- bypass mode, where verl's bypass loss reads the ratio-one replay (``rho = 1``: no mismatch): a pass through
+  the codec, uncounted, for ``rollout_corr/*`` (verl's ``actor/rollout_corr/*`` stay the replay's) and
+  ``actor/kl_loss``.
 
 Each actor update is also checked for the engine's ``comm/*`` metrics when ``COMMRL_METHOD`` is set: without
 them verl built its stock engine (another device or vendor, ``external_lib`` overridden), which trains
@@ -57,6 +65,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -69,17 +78,22 @@ from commrl import tracking
 from commrl.compression.config import MethodConfig
 from commrl.errors import ConfigError
 from commrl.rl.config import HealthConfig
+from commrl.rl.correction import Correction, RolloutCorrection, correct
 from commrl.rl.health import CollapseMonitor
 from commrl.rl.mismatch import mismatch_metrics
 from commrl.run import preempt
 from commrl.verl_ext.checkpoint import latest_tick, validation_missing
 from commrl.verl_ext.config import METHOD_ENV, method_from_env
 from commrl.verl_ext.engine import (
+    ANCHOR_ADV_KEY,
+    ANCHOR_IS_KEY,
+    ANCHOR_MASK_KEY,
     DENSE_REF_KEY,
     DENSE_REFERENCE,
     EFFECTIVE_TOKENS,
     ELIGIBLE_KEY,
     ELIGIBLE_TOKENS,
+    OLD_PASS,
 )
 
 ALIASES = {
@@ -90,7 +104,8 @@ ALIASES = {
 }
 ENGINE_PREFIXES = ("comm/", "anchor/", "codec/", "sign_memory/")
 # verl's bypass-mode loss returns its rollout_corr/* read-outs from the workers (logged as
-# actor/rollout_corr/*); in decoupled mode verl's trainer logs them as rollout_corr/* (LOGGED_METRICS)
+# actor/rollout_corr/*); in decoupled mode verl's trainer logs them as rollout_corr/* (LOGGED_METRICS), and
+# so does CommrlPPOTrainer on a bypass fire tick (its read-out pass)
 LOSS_PREFIXES = ("rollout_corr/",)
 # verl's core validation metric: val-core/<data_source>/acc/mean@<n>; commrl's data sources hold a slash
 VAL_ACC = re.compile(r"val-core/.+/acc/mean@\d+")
@@ -185,15 +200,15 @@ def batch_mismatch(batch) -> dict[str, float]:
     )
 
 
-def eligible_mask(batch, config):
-    """(batch, response) bool mask of the tokens eligible for gradient: valid response tokens before
-    rejection with a nonzero advantage (``commrl.rl.grpo.effective_token_counts``' eligibility).
+def valid_advantages(batch, config):
+    """(batch, response) advantages on every valid response token: the batch's, or, where verl's decoupled
+    rejection masked tokens, recomputed without it.
 
     Valid = verl's ``compute_response_mask`` (the attention mask over the response; commrl's rollouts are
     single-turn, where it is the sampler's ``response_mask``). verl's decoupled rejection replaces
-    ``response_mask`` before the advantages, which its estimators multiply by the mask; where it masked
-    tokens, the advantages are recomputed on a shallow copy with the valid mask (verl's
-    ``compute_advantage``, the trainer's own arguments), so a rejected token counts as eligible.
+    ``response_mask`` before the advantages, which its estimators multiply by the mask; there the advantages
+    are recomputed on a shallow copy with the valid mask (verl's ``compute_advantage``, the trainer's own
+    arguments), as the local driver computes them (``grpo.grpo_advantages`` on the sampler's mask).
     """
     import torch
     from verl import DataProto
@@ -201,26 +216,62 @@ def eligible_mask(batch, config):
 
     tensors = batch.batch
     valid = compute_response_mask(batch).bool()
-    advantages = tensors["advantages"]
-    if not torch.equal(valid, tensors["response_mask"].bool()):
-        probe = DataProto(
-            batch=tensors.clone(recurse=False),
-            non_tensor_batch=dict(batch.non_tensor_batch),
-            meta_info=dict(batch.meta_info),
-        )
-        probe.batch["response_mask"] = valid.to(tensors["response_mask"].dtype)
-        algorithm = config.algorithm
-        probe = compute_advantage(
-            probe,
-            adv_estimator=algorithm.adv_estimator,
-            gamma=algorithm.gamma,
-            lam=algorithm.lam,
-            num_repeat=config.actor_rollout_ref.rollout.n,
-            norm_adv_by_std_in_grpo=algorithm.get("norm_adv_by_std_in_grpo", True),
-            config=algorithm,
-        )
-        advantages = probe.batch["advantages"]
-    return valid & (advantages != 0)
+    if torch.equal(valid, tensors["response_mask"].bool()):
+        return tensors["advantages"]
+    probe = DataProto(
+        batch=tensors.clone(recurse=False),
+        non_tensor_batch=dict(batch.non_tensor_batch),
+        meta_info=dict(batch.meta_info),
+    )
+    probe.batch["response_mask"] = valid.to(tensors["response_mask"].dtype)
+    algorithm = config.algorithm
+    probe = compute_advantage(
+        probe,
+        adv_estimator=algorithm.adv_estimator,
+        gamma=algorithm.gamma,
+        lam=algorithm.lam,
+        num_repeat=config.actor_rollout_ref.rollout.n,
+        norm_adv_by_std_in_grpo=algorithm.get("norm_adv_by_std_in_grpo", True),
+        config=algorithm,
+    )
+    return probe.batch["advantages"]
+
+
+def eligible_mask(batch, advantages):
+    """(batch, response) bool mask of the tokens eligible for gradient (``commrl.rl.grpo.
+    effective_token_counts``' eligibility): valid response tokens (verl's ``compute_response_mask``, before
+    rejection) whose ``advantages`` (``valid_advantages``) are nonzero, so a rejected token counts."""
+    from verl.trainer.ppo.ray_trainer import compute_response_mask
+
+    return compute_response_mask(batch).bool() & (advantages != 0)
+
+
+def rollout_correction(config) -> RolloutCorrection:
+    """verl's ``algorithm.rollout_correction`` as the local driver's ``RolloutCorrection`` (its keys, less
+    ``bypass_mode``); every key off when the block is absent."""
+    block = config.algorithm.get("rollout_correction", None) or {}
+    return RolloutCorrection(**{f.name: block[f.name] for f in fields(RolloutCorrection) if f.name in block})
+
+
+def sampler_correction(batch, log_probs, config) -> Correction:
+    """``commrl.rl.correction.correct(log_probs, rollout_log_probs)`` over every valid response token (verl's
+    ``compute_response_mask``) with the run's ``rollout_correction``: weights, rejection mask and the
+    ``rollout_corr/*`` read-outs of ``rho_t = pi(y_t) / pi_sampler(y_t)``, as the local driver computes
+    them for its old passes."""
+    from verl.trainer.ppo.ray_trainer import compute_response_mask
+
+    sampler = batch.batch["rollout_log_probs"]
+    return correct(log_probs, sampler, compute_response_mask(batch), rollout_correction(config))
+
+
+def anchor_inputs(corr: Correction, advantages) -> dict[str, Any]:
+    """The anchor replay's loss inputs (``engine.anchor_replay_data``) from the dense old pass's correction
+    ``corr``: its rejection mask, its IS weights (when ``rollout_is`` is on) and ``advantages`` (before any
+    rejection): the replay's per-token loss is ``w_t * L_t`` over ``corr.mask`` (method.md §4b)."""
+    out = {ANCHOR_MASK_KEY: corr.mask, ANCHOR_ADV_KEY: advantages}
+    if corr.weights is not None:
+        out[ANCHOR_IS_KEY] = corr.weights
+    return out
 
 
 def effective_token_frac(metrics: dict[str, Any]) -> None:
@@ -233,16 +284,18 @@ def effective_token_frac(metrics: dict[str, Any]) -> None:
     metrics["actor/effective_token_frac"] = float(sum(_as_list(carrying))) / total if total > 0 else 0.0
 
 
-def fire_kl_loss(batch, actor) -> float:
-    """A fire tick's ``actor/kl_loss``: the trainer's old pass against the (codec) reference pass over the
-    step's batch (``grpo.batch_kl``, verl's estimator and aggregation), the read-out of every other tick."""
+def fire_kl_loss(batch, actor, old_log_probs) -> float:
+    """A fire tick's ``actor/kl_loss``: the trainer's old pass ``old_log_probs`` (decoupled: the batch's;
+    bypass: the read-out pass) against the (codec) reference pass over every valid response token of the
+    step's batch (``grpo.batch_kl``, verl's estimator and aggregation), the read-out of every other tick.
+    Valid = verl's ``compute_response_mask``, as in ``batch_mismatch``: decoupled rejection has replaced
+    ``response_mask`` by the tokens it kept; the local driver reads every valid one."""
+    from verl.trainer.ppo.ray_trainer import compute_response_mask
+
     from commrl.rl.grpo import batch_kl
 
-    tensors = batch.batch
-    mask = tensors["response_mask"].bool()
-    kl = batch_kl(
-        actor.kl_loss_type, actor.loss_agg_mode, tensors["old_log_probs"], tensors["ref_log_prob"], mask
-    )
+    mask = compute_response_mask(batch).bool()
+    kl = batch_kl(actor.kl_loss_type, actor.loss_agg_mode, old_log_probs, batch.batch["ref_log_prob"], mask)
     return float(kl)
 
 
@@ -328,18 +381,55 @@ class CommrlPPOTrainer(RayPPOTrainer):
             ref.batch[DENSE_REF_KEY] = dense.batch["ref_log_prob"]
         return ref
 
+    def _fire_pass(self, batch) -> str | None:
+        """The actor pass a fire tick (``global_steps - 1``) adds before its update (``engine.OLD_PASS``):
+        ``dense`` in decoupled mode with a rollout correction (the anchor's correction, counted),
+        ``readout`` in bypass mode (the tick's read-outs, uncounted: verl's bypass loss reads the ratio-one
+        replay, ``rho = 1``); None on other ticks, and without the sampler's log-probs."""
+        method = self.checks.method
+        if method is None or not method.fires_at(self.global_steps - 1):
+            return None
+        if "rollout_log_probs" not in batch.batch.keys():  # noqa: SIM118  (a TensorDict)
+            return None
+        if bypass_mode(self.config):
+            return "readout"
+        return "dense" if rollout_correction(self.config).enabled else None
+
+    def _actor_log_probs(self, batch, mode: str):
+        """The actor's log-probs over ``batch`` from verl's old-log-prob request with ``OLD_PASS=mode``."""
+        batch.meta_info[OLD_PASS] = mode
+        try:
+            old, _ = super()._compute_old_log_prob(batch)
+        finally:
+            batch.meta_info.pop(OLD_PASS)
+        return old.batch["old_log_probs"]
+
     def _update_actor(self, batch):
-        batch.batch[ELIGIBLE_KEY] = eligible_mask(batch, self.config)
+        tensors, bypass = batch.batch, bypass_mode(self.config)
+        advantages = valid_advantages(batch, self.config)
+        added = {ELIGIBLE_KEY: eligible_mask(batch, advantages)}
+        fire_pass = self._fire_pass(batch)  # before the update: at the tick's weights, as the old pass
+        fire_old = self._actor_log_probs(batch, fire_pass) if fire_pass else None
+        fire_corr = sampler_correction(batch, fire_old, self.config) if fire_pass else None
+        if fire_pass == "dense":
+            added.update(anchor_inputs(fire_corr, advantages))
+        tensors.update(added)
         try:
             output = super()._update_actor(batch)
         finally:
-            batch.batch.pop(ELIGIBLE_KEY)
+            for key in added:
+                tensors.pop(key)
         metrics = output.meta_info["metrics"]
         effective_token_frac(metrics)
-        if not bypass_mode(self.config):  # bypass: old_log_probs are the sampler's, nothing to compare
+        if fire_pass == "dense":  # the local driver's names for the anchor's correction
+            metrics.update({f"anchor/{key}": value for key, value in fire_corr.metrics.items()})
+        elif fire_pass == "readout":  # in place of the replay's (rho = 1), beside verl's actor/rollout_corr/*
+            metrics.update(fire_corr.metrics)
+        if not bypass:  # bypass: old_log_probs are the sampler's, nothing to compare
             metrics.update(batch_mismatch(batch))
-            if "actor/kl_loss" in metrics and DENSE_REF_KEY in batch.batch.keys():  # noqa: SIM118
-                metrics["actor/kl_loss"] = fire_kl_loss(batch, self.config.actor_rollout_ref.actor)
+        old = fire_old if bypass else tensors["old_log_probs"]
+        if old is not None and "actor/kl_loss" in metrics and DENSE_REF_KEY in tensors.keys():  # noqa: SIM118
+            metrics["actor/kl_loss"] = fire_kl_loss(batch, self.config.actor_rollout_ref.actor, old)
         self.checks.after_update(metrics, self.global_steps)
         return output
 
