@@ -32,6 +32,23 @@ def ticks(n: int, weights: float, train: float, sample: float = 0.0) -> TickInpu
     )
 
 
+def hand_built(n: int, dense_val: dict[str, Series], method_val: dict[str, Series]) -> PairInputs:
+    """Two seeds of ``n`` ticks each: dense 1 s compute + 1 s of weights a tick, the method 1.1 s + 0.1 s."""
+    return PairInputs(
+        pair="hand",
+        source="runs",
+        layout=LAYOUT,
+        compressed="method",
+        ticks={
+            "dense": {s: ticks(n, 1e9, 1.0) for s in "01"},
+            "method": {s: ticks(n, 1e8, 1.1) for s in "01"},
+        },
+        val={"dense": dense_val, "method": method_val},
+        compute_known=True,
+        compute_note="hand-built",
+    )
+
+
 def test_reached_and_not_reached_on_a_hand_built_curve():
     """Ticks of 1 s compute and 0.5 s communication (5e8 bytes at 1e9 bytes/s): 1.5 s without overlap,
     1 s with; val/acc 0.2, 0.5, 0.7 at steps 0, 10, 20: a 0.6 target is first reached at step 20."""
@@ -66,19 +83,7 @@ def test_evaluate_reports_seeds_that_never_reach_and_intervals_over_those_that_d
     40 s). The method: seed 0 at step 10 (1.1 s compute + 0.1 s comm: 12 s), seed 1 never."""
     dense_val = {"0": val((0, 0.2), (10, 0.5), (20, 0.8)), "1": val((0, 0.2), (10, 0.5), (20, 0.8))}
     method_val = {"0": val((0, 0.2), (10, 0.77), (20, 0.8)), "1": val((0, 0.2), (10, 0.3), (20, 0.4))}
-    pi = PairInputs(
-        pair="hand",
-        source="runs",
-        layout=LAYOUT,
-        compressed="method",
-        ticks={
-            "dense": {s: ticks(20, 1e9, 1.0) for s in "01"},
-            "method": {s: ticks(20, 1e8, 1.1) for s in "01"},
-        },
-        val={"dense": dense_val, "method": method_val},
-        compute_known=True,
-        compute_note="hand-built",
-    )
+    pi = hand_built(20, dense_val, method_val)
     result = evaluate(pi, [LINK], Sweep(), 0.95)
     assert result.target.accuracy == pytest.approx(0.76)
     row = next(r for r in result.rows if not r.overlap)
@@ -115,19 +120,7 @@ def test_seconds_to_target_never_have_an_interval_below_zero():
     seconds, 41 -+ 12.706 x 39 s, would reach -455 s; the row's interval is [0, 536.5] s and the result
     notes the cut naming the condition, the link and the bound."""
     dense_val = {"0": val((0, 0.2), (1, 0.8), (40, 0.8)), "1": val((0, 0.2), (1, 0.3), (40, 0.8))}
-    pi = PairInputs(
-        pair="hand",
-        source="runs",
-        layout=LAYOUT,
-        compressed="method",
-        ticks={
-            "dense": {s: ticks(40, 1e9, 1.0) for s in "01"},
-            "method": {s: ticks(40, 1e8, 1.1) for s in "01"},
-        },
-        val={"dense": dense_val, "method": {s: val((0, 0.2), (40, 0.8)) for s in "01"}},
-        compute_known=True,
-        compute_note="hand-built",
-    )
+    pi = hand_built(40, dense_val, {s: val((0, 0.2), (40, 0.8)) for s in "01"})
     result = evaluate(pi, [LINK], Sweep(), 1.0)
     for row in result.rows:
         per_tick = 1.0 if row.overlap else 2.0
