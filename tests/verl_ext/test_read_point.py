@@ -154,3 +154,19 @@ def test_verls_checkpoint_manager_deletes_all_but_the_kept_newest(tmp_path):
         manager.register_checkpoint(str(path), 3)
     left = sorted(int(p.parent.name.split("_")[-1]) for p in tmp_path.glob("global_step_*/actor"))
     assert left == [100, 125, 150]
+
+
+def test_a_model_verls_workers_cannot_load_is_refused_before_ray_starts(tmp_path, monkeypatch):
+    """A missing local folder, or a hub id with HF_HUB_OFFLINE set and no cached copy (this machine has
+    none), is a ConfigError naming the pair file's model.path; a local folder, or the hub online, passes."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    vc.check_model_source(str(tmp_path), "A")
+    vc.check_model_source("Qwen/Qwen2.5-Math-1.5B", "A")  # online: verl downloads it
+    with pytest.raises(
+        ConfigError, match=r"'/nowhere/qwen' is not a folder; point model.path in configs/verl"
+    ):
+        vc.check_model_source("/nowhere/qwen", "A")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"HF_HUB_OFFLINE is set .* no cached copy") as err:
+        vc.check_model_source("Qwen/Qwen2.5-Math-1.5B", "B")
+    assert "configs/verl/pair/B.yaml" in str(err.value) and "huggingface-cli download" in str(err.value)

@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         return fail("verl-train", no_gpu_message(torch.version.cuda), EXIT_ERROR)
+    vc.check_model_source(str(cfg.actor_rollout_ref.model.path), spec.pair)
     if missing:
         raise ConfigError(
             f"data file(s) missing: {', '.join(missing)}; prepare them (commrl prepare --dataset "

@@ -479,6 +479,27 @@ def checkpoints_to_keep(run: VerlRun, cfg) -> int:
     return 1 + len(saves_after_read_point(run, cfg))
 
 
+def check_model_source(model: str, pair: str) -> None:
+    """The actor's model is one verl's workers can load: a local folder, or a hub id that is cached here or
+    may be downloaded (``HF_HUB_OFFLINE`` unset). Else a ``ConfigError`` before Ray starts: verl would fail
+    inside its workers, minutes into a job holding a whole GPU node."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return
+    where = f"model.path in configs/verl/pair/{pair}.yaml (or the override model.path=...)"
+    if path.is_absolute() or model.startswith((".", "~")) or path.exists():
+        raise ConfigError(f"model {model!r} is not a folder; point {where} at a local copy of the model")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+    if offline and not isinstance(try_to_load_from_cache(model, "config.json"), str):
+        raise ConfigError(
+            f"model {model!r} is a Hugging Face hub id, HF_HUB_OFFLINE is set and this machine has no cached "
+            f"copy of it: point {where} at a local copy, or cache it on a networked node with the same "
+            f"HF_HOME (huggingface-cli download {model})"
+        )
+
+
 def check_read_point(run: VerlRun, cfg) -> None:
     """verl logs ``val/acc`` and saves a checkpoint (the model read) at ``run.read_at``.
 
