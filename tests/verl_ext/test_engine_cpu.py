@@ -371,3 +371,18 @@ def test_a_fully_masked_mini_batch_steps_on_a_zero_gradient_and_keeps_the_codec_
     kept = [*state["powersgd"]["error"].values(), *state["memory"].values()]
     assert kept and all(torch.isfinite(t).all() for t in kept)
     assert all(torch.isfinite(p).all() for p in cpu_verl.full_params(engine).values())
+
+
+def test_a_non_finite_gradient_stops_the_run_before_the_codec_keeps_it(cpu_verl, tiny_model_dir, method):
+    """verl skips a step whose gradient norm is not finite; the codec's error feedback would keep the NaN and
+    every later step would be skipped: the engine raises, naming the tick, as the local driver does."""
+    from commrl.rl.health import NonFiniteLossError
+
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)
+    method(codec="lowrank", cadence=4)
+    worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+    batch = cpu_verl.training_batch(worker)
+    cpu_verl.run_ticks(worker, batch, 1, HALF)  # tick 0 fires
+    batch.batch["advantages"][0, 0] = float("nan")
+    with pytest.raises(NonFiniteLossError, match=r"non-finite gradient norm \(nan\) at tick 1"):
+        cpu_verl.run_ticks(worker, batch, 1, HALF)

@@ -29,9 +29,10 @@ keep() {  # this attempt's output, kept beside the log that the next attempt's s
   cp "$log" "${log%.log}.attempt-${started}.log" 2>/dev/null || true
 }
 if [[ $rc -eq 75 && -n ${SLURM_JOB_ID:-} ]]; then
+  # kept before the requeue: its SIGTERM reaches every process of the job, a cp running then too
+  echo "preemptible: exit 75 (preempted, checkpoint written): Slurm job $SLURM_JOB_ID to be requeued" >&2
+  keep
   if scontrol requeue "$SLURM_JOB_ID"; then
-    echo "preemptible: exit 75 (preempted, checkpoint written): Slurm job $SLURM_JOB_ID requeued" >&2
-    keep
     # The requeue ends this run of the job (SIGTERM to every process, then SIGKILL). Wait for it here: a
     # job step that exited first could end the job FAILED before slurmctld requeues it, and a status check
     # at that moment makes Snakemake retry the job while its requeued copy runs too.
@@ -40,7 +41,7 @@ if [[ $rc -eq 75 && -n ${SLURM_JOB_ID:-} ]]; then
       echo "preemptible: the requeue did not end the job in 120 s; Snakemake's retry resubmits" >&2
     fi
   else
-    echo "preemptible: exit 75 (preempted, checkpoint written): requeue refused; Snakemake's retry resubmits" >&2
+    echo "preemptible: the requeue was refused; Snakemake's retry resubmits" >&2
     keep
   fi
 elif [[ $rc -ne 0 ]]; then

@@ -48,6 +48,7 @@ once and sums every data-parallel rank's activation bytes at the end of a tick.
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from collections.abc import Callable, Iterator
@@ -71,6 +72,7 @@ from commrl.compression import CompressionPoints, MethodConfig, TwoCircuitContro
 from commrl.compression.ledger import ByteLedger
 from commrl.compression.powersgd import local_tensor
 from commrl.errors import ConfigError
+from commrl.rl.health import NonFiniteLossError
 from commrl.verl_ext.config import method_from_env
 
 ACTIVATION_CHANNELS = ("activations_forward", "activations_backward")
@@ -480,6 +482,13 @@ class TwoCircuitEngineMixin:
             self._pass = None
         # method.fast_step=false: fast ticks take no optimizer step (the next mini-batch zeroes the grads)
         grad_norm = self.optimizer_step() if ctrl.is_update_tick() else ctrl.grad_norm()
+        if getattr(self, "scaler", None) is None and not math.isfinite(grad_norm):
+            raise NonFiniteLossError(
+                f"non-finite gradient norm ({grad_norm}) at tick {ctrl.tick}: verl skips the step, but the "
+                "codec's state (PowerSGD's error feedback, the sign memory, the anchor's snapshots) would "
+                "keep it and every later step would be skipped too; the run stops here, as the local driver "
+                "does on a non-finite loss, and a rerun resumes from its last checkpoint"
+            )
         if tu.get_non_tensor_data(data=data, key="update_lr_scheduler", default=False):
             extra.update(ctrl.end_tick())
             self._in_tick = False
