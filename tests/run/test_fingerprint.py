@@ -78,6 +78,35 @@ def test_a_changed_method_setting_is_refused_naming_each_key_old_new_and_the_fix
     assert "Restore these settings" in message and "move or delete /runs/tiny/method/seed0" in message
 
 
+@pytest.mark.parametrize(
+    ("recorded", "now", "changed"),
+    [
+        (
+            {"verl.actor.override_config": {}},
+            {"verl.actor.override_config.attn_implementation": "eager"},
+            ["verl.actor.override_config: {} -> (not set)"],
+        ),
+        (
+            {"verl.algorithm.kl_ctrl.type": "fixed", "verl.algorithm.kl_ctrl.kl_coef": 0.001},
+            {"verl.algorithm.kl_ctrl": None},
+            [
+                "verl.algorithm.kl_ctrl.kl_coef: 0.001 -> (not set)",
+                "verl.algorithm.kl_ctrl: (not set) -> None",
+            ],
+        ),
+    ],
+)
+def test_a_value_turned_into_a_mapping_or_back_is_refused_not_warned(recorded, now, changed):
+    """A key one side has is another version's only when the other side has nothing above or below it: an
+    empty mapping filled, or a mapping set to null, is the same setting changed, so the resume is refused."""
+    base = fingerprint.of(RUN)
+    found = fingerprint.differences({**base, **recorded}, {**base, **now}, 10)
+    assert all(line in found for line in changed)
+    assert fingerprint.version_changes({**base, **recorded}, {**base, **now}) == []
+    with pytest.raises(ConfigError, match="under another config"):
+        fingerprint.check_resume({**base, **recorded}, {**base, **now}, 10, [Path("/runs/x")])
+
+
 def test_a_key_only_one_side_has_is_another_version_warned_not_refused(capsys):
     recorded = {**fingerprint.of(RUN), "threads": 4}  # an exempt key of an older record: not listed
     now = {**fingerprint.of(RUN), "method.fast_step": False}

@@ -360,7 +360,9 @@ def test_a_fully_masked_mini_batch_steps_on_a_zero_gradient_and_keeps_the_codec_
     worker = cpu_verl.build_worker(cfg, "actor", "commrl")
     batch = cpu_verl.training_batch(worker)
     cpu_verl.run_ticks(worker, batch, 1, HALF)  # tick 0 fires
-    batch.batch["response_mask"][:HALF] = 0  # the first mini-batch of each later tick: no token left
+    mask = batch.batch["response_mask"].clone()  # a view of attention_mask: zero the response mask alone
+    mask[:HALF] = 0  # the first mini-batch of each later tick: no token left
+    batch.batch["response_mask"] = mask
     history = cpu_verl.run_ticks(worker, batch, 2, HALF)
     engine = cpu_verl.engine_of(worker)
     for metrics in history:

@@ -133,6 +133,7 @@ def test_verl_keeps_the_fewest_checkpoints_that_keep_the_read_point(tmp_path, pa
         )[1].trainer.max_actor_ckpt_to_keep
         == 9
     )
+    checked(pair, "dense", commrl, ["trainer.max_actor_ckpt_to_keep=0"])  # verl keeps every one
     if keep > 1:
         with pytest.raises(
             ConfigError, match=rf"max_actor_ckpt_to_keep={keep - 1} would delete .* at least {keep}"
@@ -140,20 +141,20 @@ def test_verl_keeps_the_fewest_checkpoints_that_keep_the_read_point(tmp_path, pa
             checked(pair, "dense", commrl, [f"trainer.max_actor_ckpt_to_keep={keep - 1}"])
 
 
-def test_verls_checkpoint_manager_deletes_all_but_the_kept_newest(tmp_path):
+@pytest.mark.parametrize(("keep", "left"), [(3, [100, 125, 150]), (0, [25, 50, 75, 100, 125, 150])])
+def test_verls_checkpoint_manager_deletes_all_but_the_kept_newest(tmp_path, keep, left):
     """The rule ``checkpoints_to_keep`` relies on, in verl's own manager: after saves at 25 .. 150 with
-    k = 3, the checkpoints of 100, 125 and 150 are left."""
+    k = 3, the checkpoints of 100, 125 and 150 are left; with k = 0 every one (so 0 is not refused)."""
     from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
     manager = BaseCheckpointManager.__new__(BaseCheckpointManager)
     manager.previous_saved_paths = []
     for step in range(25, 151, 25):
         path = tmp_path / f"global_step_{step}" / "actor"
-        manager.ensure_checkpoint_capacity(3)
+        manager.ensure_checkpoint_capacity(keep)
         path.mkdir(parents=True)
-        manager.register_checkpoint(str(path), 3)
-    left = sorted(int(p.parent.name.split("_")[-1]) for p in tmp_path.glob("global_step_*/actor"))
-    assert left == [100, 125, 150]
+        manager.register_checkpoint(str(path), keep)
+    assert sorted(int(p.parent.name.split("_")[-1]) for p in tmp_path.glob("global_step_*/actor")) == left
 
 
 def test_a_model_verls_workers_cannot_load_is_refused_before_ray_starts(tmp_path, monkeypatch):
@@ -170,3 +171,15 @@ def test_a_model_verls_workers_cannot_load_is_refused_before_ray_starts(tmp_path
     with pytest.raises(ConfigError, match=r"HF_HUB_OFFLINE is set .* no cached copy") as err:
         vc.check_model_source("Qwen/Qwen2.5-Math-1.5B", "B")
     assert "configs/verl/pair/B.yaml" in str(err.value) and "huggingface-cli download" in str(err.value)
+
+
+def test_a_remote_path_passes_and_a_name_neither_folder_nor_hub_id_is_refused(monkeypatch):
+    """verl copies an ``hdfs://`` model itself, so it is not checked here; a relative path of several parts
+    or a name the hub would reject is a ConfigError naming model.path, not huggingface_hub's own error."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    vc.check_model_source("hdfs://cluster/models/qwen", "A")
+    with pytest.raises(ConfigError, match=r"'models/qwen/1.5b' is not a folder; point model.path"):
+        vc.check_model_source("models/qwen/1.5b", "A")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(ConfigError, match=r"'qwen math--1.5b' is not a folder.*nor a Hugging Face hub id"):
+        vc.check_model_source("qwen math--1.5b", "A")

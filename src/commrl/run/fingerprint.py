@@ -28,7 +28,9 @@ which resources compute it, not what it computes (a key covers the keys under it
 A key that only one side has (``(not set) -> value``, ``value -> (not set)``) is not refused but listed in a
 warning: both sides are resolved configs with every default, so such a key comes from another commrl or verl
 version (a setting added, renamed or removed), not from the run's config. An upgrade that adds a setting keeps
-the old behaviour at its default; the warning names each key so that a non-default one can be checked.
+the old behaviour at its default; the warning names each key so that a non-default one can be checked. A key
+one side has where the other has a key above or below it is refused as a changed setting: a value turned into
+a mapping or back (``override_config: {}`` filled, ``kl_ctrl`` set to ``null``).
 
 The run's length and read point are recorded but may move forward: ``rl.ticks`` (verl:
 ``trainer.total_training_steps``) may grow, extending a run, finished or not, but not fall below the
@@ -103,9 +105,11 @@ def of(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def differences(recorded: Mapping[str, Any], current: Mapping[str, Any], tick: int) -> list[str]:
-    """``key: recorded -> current`` for each key both sides have that a resume at ``tick`` must not change
-    (``EXEMPT`` keys of an older record are ignored; run length and read point may move forward)."""
-    out = []
+    """``key: recorded -> current`` for each key that a resume at ``tick`` must not change: a key both sides
+    have with another value, or a key one side has where the other has a key above or below it (a value
+    turned into a mapping or back, e.g. ``{}`` -> ``{'a': 1}``, ``None`` -> ``{'type': 'fixed'}``).
+    ``EXEMPT`` keys of an older record are ignored; run length and read point may move forward."""
+    out = [(key, line) for key, line, reshaped in _one_side(recorded, current) if reshaped]
     for key in sorted(set(recorded) & set(current)):
         old, new = recorded[key], current[key]
         if old == new or exempt(key):
@@ -120,19 +124,38 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any], tick: i
             why = f" (the run has trained to tick {tick}: the read point may move only past it)"
         else:
             why = ""
-        out.append(f"{key}: {_show(old)} -> {_show(new)}{why}")
-    return out
+        out.append((key, f"{key}: {_show(old)} -> {_show(new)}{why}"))
+    return [line for _, line in sorted(out)]
 
 
 def version_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``key: recorded -> current`` for each non-``EXEMPT`` key only one side has: a setting another commrl or
-    verl version added, renamed or removed (both sides hold every default)."""
-    one_side = set(recorded) ^ set(current)
-    return [
-        f"{key}: {_show(recorded.get(key, _UNSET))} -> {_show(current.get(key, _UNSET))}"
-        for key in sorted(one_side)
-        if not exempt(key)
-    ]
+    """``key: recorded -> current`` for each non-``EXEMPT`` key only one side has, with no key above or below
+    it on the other side: a setting another commrl or verl version added, renamed or removed (both sides hold
+    every default)."""
+    return [line for _, line, reshaped in _one_side(recorded, current) if not reshaped]
+
+
+def _one_side(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
+    """``(key, "key: recorded -> current", reshaped)`` for each non-``EXEMPT`` key only one side has, sorted;
+    ``reshaped`` when the other side has a key above or below it (the same setting in another shape)."""
+
+    def paths(keys: set[str]) -> set[str]:
+        return {".".join(key.split(".")[:n]) for key in keys for n in range(1, key.count(".") + 2)}
+
+    other = {
+        "recorded": (set(current), paths(set(current))),
+        "current": (set(recorded), paths(set(recorded))),
+    }
+    out = []
+    for key in sorted(set(recorded) ^ set(current)):
+        if exempt(key):
+            continue
+        other_keys, other_paths = other["recorded" if key in recorded else "current"]
+        parts = key.split(".")
+        above = any(".".join(parts[:n]) in other_keys for n in range(1, len(parts)))
+        line = f"{key}: {_show(recorded.get(key, _UNSET))} -> {_show(current.get(key, _UNSET))}"
+        out.append((key, line, above or key in other_paths))
+    return out
 
 
 def warn_version_changes(changes: Sequence[str], what: str) -> None:

@@ -480,19 +480,28 @@ def checkpoints_to_keep(run: VerlRun, cfg) -> int:
 
 
 def check_model_source(model: str, pair: str) -> None:
-    """The actor's model is one verl's workers can load: a local folder, or a hub id that is cached here or
-    may be downloaded (``HF_HUB_OFFLINE`` unset). Else a ``ConfigError`` before Ray starts: verl would fail
-    inside its workers, minutes into a job holding a whole GPU node."""
+    """The actor's model is one verl's workers can load: a local folder, a remote path verl copies itself
+    (``hdfs://...``; not checked here), or a hub id that is cached here or may be downloaded
+    (``HF_HUB_OFFLINE`` unset). Else a ``ConfigError`` before Ray starts: verl would fail inside its workers,
+    minutes into a job holding a whole GPU node."""
     from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
 
+    if "://" in model:
+        return
     path = Path(model).expanduser()
     if path.is_dir():
         return
     where = f"model.path in configs/verl/pair/{pair}.yaml (or the override model.path=...)"
-    if path.is_absolute() or model.startswith((".", "~")) or path.exists():
-        raise ConfigError(f"model {model!r} is not a folder; point {where} at a local copy of the model")
+    not_folder = f"model {model!r} is not a folder; point {where} at a local copy of the model"
+    if path.is_absolute() or model.startswith((".", "~")) or path.exists() or model.count("/") > 1:
+        raise ConfigError(not_folder)
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except HFValidationError as error:
+        raise ConfigError(f"{not_folder} (nor a Hugging Face hub id: {error})") from None
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-    if offline and not isinstance(try_to_load_from_cache(model, "config.json"), str):
+    if offline and not isinstance(cached, str):
         raise ConfigError(
             f"model {model!r} is a Hugging Face hub id, HF_HUB_OFFLINE is set and this machine has no cached "
             f"copy of it: point {where} at a local copy, or cache it on a networked node with the same "
@@ -531,7 +540,7 @@ def check_read_point(run: VerlRun, cfg) -> None:
             f"to a multiple of trainer.save_freq or to ticks, or trainer.save_freq to a divisor of {read_at}"
         )
     keep, need = trainer.max_actor_ckpt_to_keep, checkpoints_to_keep(run, cfg)
-    if keep is not None and int(keep) < need:
+    if keep is not None and 0 < int(keep) < need:  # verl keeps every checkpoint at 0 (or below)
         raise ConfigError(
             f"trainer.max_actor_ckpt_to_keep={keep} would delete the read point's checkpoint (tick "
             f"{read_at}) before the run exports it: verl keeps the {keep} newest, and it saves at "

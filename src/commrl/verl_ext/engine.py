@@ -482,12 +482,16 @@ class TwoCircuitEngineMixin:
             self._pass = None
         # method.fast_step=false: fast ticks take no optimizer step (the next mini-batch zeroes the grads)
         grad_norm = self.optimizer_step() if ctrl.is_update_tick() else ctrl.grad_norm()
+        # An fp16 loss scaler expects an occasional inf norm (it lowers its scale): not guarded, and the
+        # codec's state is then not protected from it. Pairs A and B train in bf16, with no scaler.
         if getattr(self, "scaler", None) is None and not math.isfinite(grad_norm):
             raise NonFiniteLossError(
                 f"non-finite gradient norm ({grad_norm}) at tick {ctrl.tick}: verl skips the step, but the "
                 "codec's state (PowerSGD's error feedback, the sign memory, the anchor's snapshots) would "
                 "keep it and every later step would be skipped too; the run stops here, as the local driver "
-                "does on a non-finite loss, and a rerun resumes from its last checkpoint"
+                "does on a non-finite loss. A rerun resumes from the last checkpoint and, with the same seed "
+                "and data, likely meets the same tick: lower the learning rate (or the method's alpha and "
+                "beta), or check that tick's batch, before rerunning"
             )
         if tu.get_non_tensor_data(data=data, key="update_lr_scheduler", default=False):
             extra.update(ctrl.end_tick())
