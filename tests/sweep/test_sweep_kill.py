@@ -255,8 +255,9 @@ def test_a_trial_killed_between_its_queued_retry_and_its_tell_is_retried_once(
     env, tmp_path, sweep_dict, backend
 ):
     """The trial stays RUNNING with its retry queued. The next worker runs the retry at once (the dead trial
-    and its retry hold one budget slot); the reaper fails the dead trial later and queues no second retry, so
-    the point trains once and the budget's other slot goes to a new point."""
+    and its retry hold one budget slot); a reaper fails the dead trial later (the worker's own, if its run
+    outlasts the grace) and queues no second retry, so the point trains once and the budget's other slot goes
+    to a new point."""
     sweep_dict.update(n_trials=2)
     if backend == "journal":
         sweep_dict["storage"] = str(tmp_path / "shared" / "tiny.journal")
@@ -270,9 +271,12 @@ def test_a_trial_killed_between_its_queued_retry_and_its_tell_is_retried_once(
     assert chains(study) == [(TrialState.RUNNING, []), (TrialState.WAITING, [0])]
 
     run_worker(cfg, "gap", 1, driver=FakeDriver(cfg.ticks, cfg.val_every))
-    assert chains(study) == [(TrialState.RUNNING, []), (TrialState.COMPLETE, [0]), (TrialState.COMPLETE, [])]
+    dead, *rest = chains(study)
+    assert rest == [(TrialState.COMPLETE, [0]), (TrialState.COMPLETE, [])]
+    # the worker's own reaper fails the dead trial when its run outlasts the grace (a slow machine): no retry
+    assert dead in ((TrialState.RUNNING, []), (TrialState.FAIL, []))
     time.sleep(cfg.heartbeat.grace + 1.5)
-    assert reap_stale_trials(study, cfg.heartbeat) == [0]
+    assert reap_stale_trials(study, cfg.heartbeat) == ([0] if dead[0] == TrialState.RUNNING else [])
     assert chains(study) == [(TrialState.FAIL, []), (TrialState.COMPLETE, [0]), (TrialState.COMPLETE, [])]
     params = [t.params for t in study.get_trials()]
     assert params[0] == params[1] == cfg.defaults != params[2]
