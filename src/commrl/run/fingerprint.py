@@ -138,24 +138,23 @@ def version_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> 
 def _one_side(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
     """``(key, "key: recorded -> current", reshaped)`` for each non-``EXEMPT`` key only one side has, sorted;
     ``reshaped`` when the other side has a key above or below it (the same setting in another shape)."""
-
-    def paths(keys: set[str]) -> set[str]:
-        return {".".join(key.split(".")[:n]) for key in keys for n in range(1, key.count(".") + 2)}
-
-    other = {
-        "recorded": (set(current), paths(set(current))),
-        "current": (set(recorded), paths(set(recorded))),
-    }
+    keys = (set(recorded), set(current))
+    covered = tuple({p for key in side for p in _paths(key)} for side in keys)  # each key and those above it
     out = []
-    for key in sorted(set(recorded) ^ set(current)):
+    for key in sorted(keys[0] ^ keys[1]):
         if exempt(key):
             continue
-        other_keys, other_paths = other["recorded" if key in recorded else "current"]
-        parts = key.split(".")
-        above = any(".".join(parts[:n]) in other_keys for n in range(1, len(parts)))
+        other = 1 if key in recorded else 0
+        above = any(p in keys[other] for p in _paths(key)[:-1])
         line = f"{key}: {_show(recorded.get(key, _UNSET))} -> {_show(current.get(key, _UNSET))}"
-        out.append((key, line, above or key in other_paths))
+        out.append((key, line, above or key in covered[other]))
     return out
+
+
+def _paths(key: str) -> list[str]:
+    """``a``, ``a.b``, ``a.b.c`` for ``a.b.c``: the keys above a dotted key, then the key."""
+    parts = key.split(".")
+    return [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
 
 
 def warn_version_changes(changes: Sequence[str], what: str) -> None:
