@@ -129,6 +129,14 @@ def test_seconds_to_target_never_have_an_interval_below_zero():
         mean, half = 20.5 * per_tick, 12.7062 * 19.5 * per_tick
         assert interval.estimate == pytest.approx(mean)
         assert interval.low == 0.0 and interval.high == pytest.approx(mean + half, rel=1e-4)
+        # the speed-up to target, dense / method, is cut at 0 too: method reaches it at tick 40 in both seeds,
+        # so Fieller's interval is dense's t-interval over method's seconds, from below 0
+        method_s = row.target["method"].seconds
+        assert method_s["0"] == method_s["1"]
+        speedup = row.target_speedup
+        assert speedup.estimate == pytest.approx(mean / method_s["0"])
+        assert speedup.low == 0.0 and speedup.high == pytest.approx((mean + half) / method_s["0"], rel=1e-4)
+        assert speedup.note.startswith("cut at 0, a ratio of non-negative quantities")
     note = next(n for n in result.notes if "cut at 0 s" in n)
     assert "cut at 0 s" in note and "dense seconds to target at test (both bounds)" in note
     assert "method seconds to target" not in note  # 40 ticks in every seed: zero spread

@@ -100,6 +100,22 @@ def test_ratio_edge_cases():
     assert one.estimate == 2.0 and one.low is None and one.note == "n=1: no interval"
 
 
+def test_a_ratio_of_non_negative_quantities_is_cut_at_zero():
+    """KL of a method run 0.1, 0.5, 2.2 nats against dense's 0.03-0.04: Fieller's interval reaches -58.7,
+    a value a ratio of two KLs cannot take; ``nonnegative`` cuts it at 0 with a note naming the lower end it
+    replaced, and an unbounded interval reads ``[0, inf]``. A bounded interval above 0 is left as it is."""
+    a, b = seeds([0.1, 0.5, 2.2]), seeds([0.03, 0.04, 0.035])
+    raw, cut = st.ratio_interval(a, b), st.ratio_interval(a, b, nonnegative=True)
+    assert raw.low == pytest.approx(-58.708, abs=1e-3)
+    assert (cut.estimate, cut.low, cut.high, cut.method) == (raw.estimate, 0.0, raw.high, "fieller")
+    assert "cut at 0" in cut.note and "-58.71" in cut.note
+    assert format_interval(cut, ".3g") == "26.7 [0, 108] (n=3)"
+    unbounded = st.ratio_interval(seeds([0.1, 0.12, 0.2]), seeds([0.05, 1.5, 1.3]), nonnegative=True)
+    assert (unbounded.low, unbounded.high) == (0.0, math.inf) and "unbounded" in unbounded.note
+    away = seeds([10, 11, 9]), seeds([2.0, 2.1, 1.9])
+    assert st.ratio_interval(*away, nonnegative=True) == st.ratio_interval(*away)
+
+
 def test_one_seed_two_seeds_and_zero_spread():
     one = st.mean_interval([0.42])
     assert (one.estimate, one.low, one.high, one.n, one.method) == (0.42, None, None, 1, "none")

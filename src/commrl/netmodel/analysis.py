@@ -20,7 +20,7 @@ from commrl.netmodel.inputs import TickInputs
 from commrl.netmodel.links import Layout, Link, NetModelError, finite_number, invalid
 from commrl.netmodel.target import Reach, Target, dense_target, first_reach, time_to_target
 from commrl.report.runs import Series
-from commrl.report.stats import Interval, mean_interval, ratio_interval
+from commrl.report.stats import Interval, cut_below, mean_interval, ratio_interval
 
 DENSE = "dense"
 ANALYTIC_SEED = "analytic"  # the seed key of analytic inputs: one schedule for every validated seed
@@ -41,11 +41,8 @@ def seconds_interval(values: Iterable[float]) -> Interval:
     but it is an interval of the geometric mean, not of the mean the bars show.) BCa never needs the cut:
     its ends are quantiles of bootstrap means of non-negative seconds. The cut interval is not symmetric
     (it reads ``mean [0, high]``) and its ``note`` says ``cut at 0 s`` with the lower end it replaced."""
-    interval = mean_interval(values)
-    if interval.low is None or interval.low >= 0:
-        return interval
-    note = f"{CUT_AT_ZERO} (the t-interval's lower end was {interval.low:.4g} s; a time is >= 0)"
-    return replace(interval, low=0.0, note=note)
+    note = f"{CUT_AT_ZERO} (the t-interval's lower end was {{low:.4g}} s; a time is >= 0)"
+    return cut_below(mean_interval(values), 0.0, note)
 
 
 @dataclass(frozen=True)
@@ -190,8 +187,9 @@ def times_to_target(pi: PairInputs, condition: str, link: Link, overlap: bool, t
 
 
 def _speedup(dense: Mapping[str, float], compressed: Mapping[str, float]) -> Interval | None:
-    """``mean(dense) / mean(compressed)`` over seeds (``ratio_interval``); None when a side is empty."""
-    return ratio_interval(dense, compressed) if dense and compressed else None
+    """``mean(dense) / mean(compressed)`` over seeds (``ratio_interval`` of times: cut at 0); None when a
+    side is empty."""
+    return ratio_interval(dense, compressed, nonnegative=True) if dense and compressed else None
 
 
 @dataclass(frozen=True)

@@ -287,7 +287,7 @@ def _anchor_off_fails(runs: PairRuns, t: ClaimThresholds) -> Result:
 
 def _method_kl_high(runs: PairRuns, t: ClaimThresholds) -> Result:
     tick, km, kd = _at_common_tick(runs, "method", "dense", "actor/kl_loss")
-    ratio = stats.ratio_interval(km, kd)
+    ratio = stats.ratio_interval(km, kd, nonnegative=True)
     text = (
         f"method {_mean(km):.4g} vs dense {_mean(kd):.4g} nats at tick {tick}; "
         f"ratio {format_interval(ratio, '.3g')}"
@@ -303,7 +303,7 @@ def _controls_kl_low(runs: PairRuns, t: ClaimThresholds) -> Result:
     checks, parts, values = [], [], {}
     for control in present:
         tick, kc, km = _at_common_tick(runs, control, "method", "actor/kl_loss")
-        ratio = stats.ratio_interval(kc, km)
+        ratio = stats.ratio_interval(kc, km, nonnegative=True)
         checks.append(check(f"KL {control} / method", ratio, "at_most", t.controls_max_kl_fraction))
         parts.append(
             f"{control} {_mean(kc):.4g} vs method {_mean(km):.4g} nats at tick {tick}, "
@@ -345,7 +345,7 @@ def _same_sampler(runs: PairRuns, t: ClaimThresholds) -> Result:
 
 def _gap_ratio(runs: PairRuns, t: ClaimThresholds) -> Result:
     gm, gd = (_mean_over_ticks(runs, c, "mismatch/prob_gap") for c in ("method", "dense"))
-    ratio = stats.ratio_interval(gm, gd)
+    ratio = stats.ratio_interval(gm, gd, nonnegative=True)
     text = f"method {_mean(gm):.4g} vs dense {_mean(gd):.4g}; ratio {format_interval(ratio, '.3g')}"
     values = {"method": _mean(gm), "dense": _mean(gd), "ratio": ratio.estimate}
     return (check("prob gap method / dense", ratio, "at_least", t.gap_min_ratio),), text, values

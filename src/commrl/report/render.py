@@ -59,7 +59,8 @@ def reading_guide() -> list[str]:
         f"{level} interval as a band; bars show it as a whisker.",
         f"Intervals: below {MIN_BOOTSTRAP_N} seeds, Student's t (`mean ± t(n-1) s / sqrt(n)`; for two "
         "conditions run on the same seeds, the interval of the per-seed differences, paired by seed; on "
-        "different seeds, Welch's interval; for a ratio of means, Fieller's interval); from "
+        "different seeds, Welch's interval; for a ratio of means, Fieller's interval, cut at 0 where both "
+        "quantities are never negative (KL, bytes, times: the cut keeps its coverage)); from "
         f"{MIN_BOOTSTRAP_N} seeds, the BCa bootstrap (scipy.stats.bootstrap, {N_RESAMPLES} resamples, fixed "
         f"seed {BOOTSTRAP_SEED}, so a rebuild gives the same interval). Seeds that agree exactly give the "
         "point interval.",

@@ -285,10 +285,36 @@ def _ratio(a: float, b: float) -> float:
     return a / b
 
 
+def cut_below(interval: Interval, floor: float, note: str) -> Interval:
+    """``interval`` intersected with ``[floor, inf)``, for an estimand ``mu`` that is never below ``floor``
+    (a time, a ratio of non-negative means); ``note`` (``{low}``: the lower end it replaced) is added to the
+    interval's note when the cut moves an end.
+
+    ``P(mu in [max(L, floor), U]) = P(mu in [L, U])`` because ``mu >= floor`` always, so the cut interval
+    has the coverage of the interval it cuts, without values the estimand cannot take.
+    """
+    if interval.low is None or interval.high is None or interval.low >= floor:
+        return interval
+    text = note.format(low=interval.low)
+    return replace(
+        interval,
+        low=floor,
+        high=max(interval.high, floor),
+        note=f"{text}; {interval.note}" if interval.note else text,
+    )
+
+
+NONNEGATIVE_RATIO = "cut at 0, a ratio of non-negative quantities (the lower end was {low:.4g})"
+
+
 def ratio_interval(
-    a: Mapping[str, float], b: Mapping[str, float], confidence: float = CONFIDENCE
+    a: Mapping[str, float],
+    b: Mapping[str, float],
+    confidence: float = CONFIDENCE,
+    nonnegative: bool = False,
 ) -> Interval:
-    """``rho = mean(a) / mean(b)`` over seeds and its interval: Fieller's below 20 seeds, BCa from 20.
+    """``rho = mean(a) / mean(b)`` over seeds and its interval: Fieller's below 20 seeds, BCa from 20;
+    ``nonnegative`` (both quantities are never below 0: times, KL, bytes) cuts it at 0 (``cut_below``).
 
     Fieller: the ``rho`` whose contrast ``a_bar - rho b_bar`` a t-test does not reject,
     ``(a_bar - rho b_bar)^2 <= q (v_aa - 2 rho v_ab + rho^2 v_bb)``, ``q = t^2``, ``v`` the variances of
@@ -297,6 +323,11 @@ def ratio_interval(
     interval is ``(-inf, inf)`` and says so. A denominator that is 0 in every seed gives ``±inf`` when the
     numerator's interval excludes 0.
     """
+    interval = _ratio_interval(a, b, confidence)
+    return cut_below(interval, 0.0, NONNEGATIVE_RATIO) if nonnegative else interval
+
+
+def _ratio_interval(a: Mapping[str, float], b: Mapping[str, float], confidence: float) -> Interval:
     xa, xb, paired = _pair(a, b)
     ma, mb = float(xa.mean()), float(xb.mean())
     estimate = _ratio(ma, mb)

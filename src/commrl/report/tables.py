@@ -304,7 +304,7 @@ def _relative(cumulative: Mapping[str, Series], dense: Mapping[str, Series]) -> 
         return None
     here = cv.per_seed(cumulative, lambda s: cv.exact_at(s, tick))
     there = cv.per_seed(dense, lambda s: cv.exact_at(s, tick))
-    return ratio_interval(here, there) if any(there.values()) else None
+    return ratio_interval(here, there, nonnegative=True) if any(there.values()) else None
 
 
 def eval_scores(runs: PairRuns, metric: str = "acc") -> dict[str, dict[str, list[float]]]:
