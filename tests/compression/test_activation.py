@@ -160,6 +160,40 @@ def test_prf_mask_reproducible_redrawn_unbiased():
     assert kept.mean().item() == pytest.approx(p, abs=0.01)
 
 
+def test_prf_mask_of_bfloat16_activations_keeps_their_scale():
+    """Pair A's keep rate 77/1536 in bfloat16 (verl's compute dtype): every kept element is its own
+    ``a / p`` rounded once to bfloat16, so over many elements the scale is 1/p to rounding noise (a bfloat16
+    ``1 / p`` constant, 20.0 for 19.948, scaled every kept element by 1.0026)."""
+    p = 77 / 1536
+    A = torch.randn(400, 1536, generator=GEN).to(torch.bfloat16)
+    out = prf_mask(A, p, (0, 1, 2, 3))
+    assert out.dtype == torch.bfloat16
+    kept = out != 0
+    exact = A[kept].double() / p
+    assert torch.equal(out[kept], exact.to(torch.bfloat16))  # the exact a / p, rounded once
+    assert (out[kept].double() / exact).mean().item() == pytest.approx(1.0, abs=2e-4)
+
+
+def test_the_sketch_stays_float32_under_bfloat16_autocast():
+    """verl runs the model's forward, and with it the codec's hooks, under ``torch.autocast(bfloat16)``:
+    the anchor's sketch and energy terms are still float32 sums of the bfloat16 activations, equal to the
+    same sums outside autocast (autocast would make ``S`` bfloat16 from the first micro-batch on)."""
+    codec = LowRankActivationCodec(hidden=64, rank=4, num_points=1, seed=0)
+    batches = [torch.randn(3, 10, 64, generator=GEN).mul(10).to(torch.bfloat16) for _ in range(4)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for A in batches:
+            codec.accumulate(0, A, None)
+    S, energy = codec.sketches[0], codec.energies[0]
+    assert S.dtype == torch.float32
+    Q, expected, kept, total = codec.bases[0], torch.zeros(64, 4), 0.0, 0.0
+    for A in batches:
+        rows = A.reshape(-1, 64).float()
+        expected += rows.T @ (rows @ Q)
+        kept, total = kept + (rows @ Q).square().sum().item(), total + rows.square().sum().item()
+    torch.testing.assert_close(S, expected, rtol=1e-5, atol=1e-4)
+    assert energy.tolist() == pytest.approx([kept, total], rel=1e-5)
+
+
 def test_prf_mask_gradient_uses_the_same_mask():
     A = torch.randn(8, 16, generator=GEN, requires_grad=True)
     out = prf_mask(A, 0.5, (1, 2, 3))

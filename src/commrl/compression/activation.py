@@ -78,10 +78,13 @@ def prf_uniform(
 def prf_mask(A: Tensor, p: float, key: int | Sequence[int]) -> Tensor:
     """``A_hat = (m * A) / p``, ``m_i = [u_i < p]`` from ``prf_uniform(key)`` (method.md §2).
 
-    Unbiased: ``E[A_hat] = A``.
+    Unbiased: ``E[A_hat] = A``. The scale ``m / p`` and the product are float32 for a half-precision
+    ``A``, rounded per element at the end: ``1 / p`` rounded to bfloat16 would scale every kept element by
+    one biased constant (``p = 77/1536``: 19.948 becomes 20.0, ``E[A_hat] = 1.0026 A``).
     """
     keep = prf_uniform(key, A.shape, device=A.device) < p
-    return A * (keep.to(A.dtype) / p)
+    wide = torch.promote_types(A.dtype, torch.float32)
+    return (A.to(wide) * (keep.to(wide) / p)).to(A.dtype)
 
 
 def lowrank_project(A: Tensor, Q: Tensor) -> Tensor:
@@ -101,14 +104,18 @@ def sketch_step(S: Tensor, A: Tensor, Q: Tensor, token_mask: Tensor | None = Non
     """``sketch_update`` and, from the same ``A Q``, the energy terms ``(||A Q||_F^2, ||A||_F^2)``.
 
     Both over the non-padding rows of ``A``, computed in ``S``'s dtype; the energy terms come back as a
-    float64 pair (their ratio is ``energy_captured``).
+    float64 pair (their ratio is ``energy_captured``). Autocast is off here: the hooks run inside the
+    model's forward, which verl runs under ``torch.autocast(bfloat16)``, and autocast would compute both
+    products in bfloat16 and hand back a bfloat16 ``S`` (every later micro-batch's sum and the ranks'
+    all-reduce then rounded to 8 mantissa bits).
     """
     rows = A.detach()
     rows = rows[token_mask] if token_mask is not None else rows.reshape(-1, rows.shape[-1])
-    rows = rows.to(S.dtype)
-    projected = rows @ Q.to(S.dtype)
-    energy = torch.stack([projected.square().sum(), rows.square().sum()]).double()
-    return torch.addmm(S, rows.T, projected), energy
+    with torch.autocast(rows.device.type, enabled=False):
+        rows = rows.to(S.dtype)
+        projected = rows @ Q.to(S.dtype)
+        energy = torch.stack([projected.square().sum(), rows.square().sum()]).double()
+        return torch.addmm(S, rows.T, projected), energy
 
 
 def energy_captured(kept: float, total: float) -> float:
