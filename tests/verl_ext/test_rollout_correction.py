@@ -394,6 +394,33 @@ def test_decoupled_fire_corrects_the_replay_from_a_dense_old_pass(cpu_verl, tiny
     assert not any(key.startswith("anchor/rollout_corr/") for key in metrics)
 
 
+def test_bypass_anchor_off_calibrates_before_tick_0s_reference_pass(cpu_verl, tiny_model_dir, method):
+    """Bypass mode runs no old pass, so with the anchor off tick 0's first pass through the codec would be
+    the reference's, on the random basis. The trainer's reference step first runs an actor read-out
+    (uncounted), which calibrates once: the reference log-probs are those after an old pass's calibration."""
+    cfg = worker_config(cpu_verl, tiny_model_dir, list(SYNC_CORRECTED))
+    method(codec="lowrank", grad_codec="powersgd", anchor=False, projection="none")
+    # the expected pair first: the reference uses the actor engine built last in this process
+    old_pass_actor = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
+    old_pass_ref = cpu_verl.build_worker(cfg.actor_rollout_ref, "ref", "commrl")
+    batch = cpu_verl.training_batch(old_pass_actor)
+    batch.batch.pop("ref_log_prob")
+    batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()  # as verl's fit
+    uncalibrated = cpu_verl.log_probs(old_pass_ref, batch, ref=True)
+    cpu_verl.log_probs(old_pass_actor, batch)  # the old pass: calibrates
+    want = cpu_verl.log_probs(old_pass_ref, batch, ref=True)
+    assert not torch.equal(want, uncalibrated)
+
+    worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
+    trainer = trainer_around(cfg, worker)
+    trainer.ref_policy_wg = cpu_verl.build_worker(cfg.actor_rollout_ref, "ref", "commrl")
+    trainer.ref_in_actor = False
+    ref = trainer._compute_ref_log_prob(batch)
+    assert torch.equal(ref.batch["ref_log_prob"], want)
+    calibrated = old_pass_actor.actor.engine.controller.ledger.tick_bytes["basis_refresh"]
+    assert worker.actor.engine.controller.ledger.tick_bytes["basis_refresh"] == calibrated > 0  # once
+
+
 def test_bypass_fire_reads_out_through_the_codec_uncounted(cpu_verl, tiny_model_dir, method):
     """Bypass mode on a fire tick: verl's bypass loss reads the ratio-one replay (``rho = 1``: its
     ``actor/rollout_corr/*`` say no mismatch). The trainer adds the local driver's read-out pass, through the

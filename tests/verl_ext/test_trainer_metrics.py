@@ -20,12 +20,13 @@ from commrl.rl.health import CollapseMonitor
 from commrl.rl.mismatch import mismatch_metrics
 from commrl.rl.reward import compute_score
 from commrl.verl_ext.config import method_from_env
+from commrl.verl_ext.engine import DENSE_REF_KEY
 from commrl.verl_ext.engine import DENSE_REFERENCE as DENSE_REFERENCE_FLAG
 from commrl.verl_ext.trainer import (
     CommrlPPOTrainer,
     StepChecks,
     batch_mismatch,
-    fire_kl_loss,
+    kl_readout,
     logging_method_names,
     method_metrics,
 )
@@ -135,8 +136,8 @@ def test_batch_mismatch_reads_every_valid_token_after_verls_rejection():
     assert batch_mismatch(batch) == pytest.approx(mismatch_metrics(sampler, old, mask))
 
 
-def test_fire_kl_loss_reads_every_valid_token_after_verls_rejection(cpu_verl, tiny_model_dir):
-    """A fire tick's ``actor/kl_loss`` after verl's decoupled rejection (its own
+def test_kl_readout_reads_every_valid_token_after_verls_rejection(cpu_verl, tiny_model_dir):
+    """``actor/kl_loss`` after verl's decoupled rejection (its own
     ``compute_rollout_correction_and_add_to_batch``): the old pass against the reference over every valid
     token (the pair's estimator and aggregation), as the local driver reads it, not over the kept ones."""
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
@@ -160,7 +161,7 @@ def test_fire_kl_loss_reads_every_valid_token_after_verls_rejection(cpu_verl, ti
     actor = cpu_verl.paper_config(tiny_model_dir).actor_rollout_ref.actor
     kld = core_algos.kl_penalty(old, sampler, actor.kl_loss_type)
     want = core_algos.agg_loss(loss_mat=kld, loss_mask=mask.bool(), loss_agg_mode=actor.loss_agg_mode)
-    assert fire_kl_loss(batch, actor, old) == pytest.approx(float(want), rel=1e-6)
+    assert kl_readout(batch, actor, old) == pytest.approx(float(want), rel=1e-6)
 
 
 def update_metrics(step: int) -> dict:
@@ -265,6 +266,39 @@ def test_fire_step_adds_the_dense_reference_and_logs_the_codec_kl(cpu_verl, tiny
     actor = cfg.actor_rollout_ref.actor
     mask = batch.batch["response_mask"].bool()
     kld = core_algos.kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], actor.kl_loss_type)
+    want = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=actor.loss_agg_mode)
+    assert metrics["actor/kl_loss"] == pytest.approx(float(want), rel=1e-6)
+
+
+def test_a_fast_step_logs_the_kl_read_out_not_verls_training_kl(cpu_verl, tiny_model_dir, method):
+    """A fast step (tick 1 at cadence 2) through verl's ``_update_actor`` with two mini-batches: verl's
+    ``actor/kl_loss`` is its training loss's KL term per mini-batch, the second at weights the first moved
+    (and, for the ``dropout`` condition, with the training pass's dropout); commrl logs the local driver's
+    read-out instead, the old pass against the codec reference over every valid token."""
+    from verl.trainer.ppo import core_algos
+
+    cfg = cpu_verl.paper_config(tiny_model_dir, extra=cpu_verl.engine_test_shapes())
+    method(codec="lowrank", cadence=2)
+    worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
+    trainer = trainer_around(cfg, worker)
+    plain_worker = cpu_verl.build_worker(cfg.actor_rollout_ref, "actor", "commrl")
+    plain_trainer = trainer_around(cfg, plain_worker)
+    for t in (trainer, plain_trainer):
+        t.global_steps = 1  # tick 0 fires: train through it, so that the next step is a fast one
+        t._update_actor(trainer_batch(cpu_verl, t.actor_rollout_wg))
+        t.global_steps = 2
+    batch = trainer_batch(cpu_verl, worker)
+    batch.batch.pop(DENSE_REF_KEY)
+    old = batch.batch["old_log_probs"]
+    noise = torch.randn(old.shape, generator=torch.Generator().manual_seed(0))
+    batch.batch["ref_log_prob"] = old + 0.2 * noise
+    plain_trainer.checks.method = None
+    verls = RayPPOTrainer._update_actor(plain_trainer, copy.deepcopy(batch)).meta_info["metrics"]
+    metrics = trainer._update_actor(batch).meta_info["metrics"]
+    assert len(verls["actor/kl_loss"]) == 2 and verls["actor/kl_loss"][0] != verls["actor/kl_loss"][1]
+    actor = cfg.actor_rollout_ref.actor
+    kld = core_algos.kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], actor.kl_loss_type)
+    mask = batch.batch["response_mask"].bool()
     want = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=actor.loss_agg_mode)
     assert metrics["actor/kl_loss"] == pytest.approx(float(want), rel=1e-6)
 

@@ -140,12 +140,7 @@ class TwoCircuitController:
         A driver calibrates before the tick's first pass through the codec (the old-log-prob pass), so
         that every pass of tick 0 uses the calibrated basis.
         """
-        return (
-            not self.cfg.anchor
-            and self._tick == 0
-            and not self._calibrated_this_tick
-            and isinstance(self.codec, LowRankActivationCodec)
-        )
+        return self.cfg.calibration_due(self._tick) and not self._calibrated_this_tick
 
     def is_update_tick(self) -> bool:
         """Whether this tick's gradients go to the optimizer: a fire tick, or a fast tick when

@@ -179,6 +179,11 @@ class MethodConfig:
         """Whether the anchor fires at ``tick``: anchor on and ``t = 0, K, 2K, ...`` (method.md §3)."""
         return self.anchor and tick % self.cadence == 0
 
+    def calibration_due(self, tick: int) -> bool:
+        """Whether ``tick`` calibrates the basis before its first pass through the codec: the anchor off,
+        ``t = 0`` and a codec with a basis (``lowrank``); no fire refreshes it (method.md §3)."""
+        return not self.anchor and tick == 0 and self.codec == "lowrank"
+
     def dense_reference_due(self, tick: int) -> bool:
         """Whether ``tick``'s updates need the reference's dense log-probs besides the codec's: a fire tick
         whose reference pass goes through a codec (``kl_ref_forward: codec``, not ``identity``). The

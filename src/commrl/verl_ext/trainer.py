@@ -21,9 +21,14 @@ What it adds to verl's metrics (nothing is renamed away; verl's own names stay):
 
 On an anchor fire with the reference through the codec (``MethodConfig.dense_reference_due``) the trainer
 also asks the reference worker for its dense log-probs (``engine.DENSE_REFERENCE``), which the anchor's dense
-updates take their KL term against (``engine.DENSE_REF_KEY``); that tick's ``actor/kl_loss`` is then the
-read-out every other tick logs, the trainer's old pass against the codec reference over every valid token
-(``fire_kl_loss``), not the dense replay's KL at the projected weights (the local driver logs the same).
+updates take their KL term against (``engine.DENSE_REF_KEY``).
+
+``actor/kl_loss`` is the local driver's read-out wherever the trainer's old pass ran (decoupled mode: every
+step; bypass mode: a fire step's read-out pass): the old pass against the reference over every valid
+response token (``kl_readout``). verl's own value is its training loss's KL term, per mini-batch (the later
+ones at weights that have moved), with the training pass's attention dropout (the ``dropout`` condition) and
+over the tokens a decoupled rejection kept; on a fire step, the dense replay's at the projected weights. A
+bypass-mode fast step has no other pass and keeps verl's.
 
 verl logs the rollout correction's ``rollout_corr/*`` itself (decoupled mode: its trainer, every step;
 bypass mode: the workers' ``bypass_mode`` loss). In bypass mode the trainer's old pass does not run
@@ -284,12 +289,13 @@ def effective_token_frac(metrics: dict[str, Any]) -> None:
     metrics["actor/effective_token_frac"] = float(sum(_as_list(carrying))) / total if total > 0 else 0.0
 
 
-def fire_kl_loss(batch, actor, old_log_probs) -> float:
-    """A fire tick's ``actor/kl_loss``: the trainer's old pass ``old_log_probs`` (decoupled: the batch's;
-    bypass: the read-out pass) against the (codec) reference pass over every valid response token of the
-    step's batch (``grpo.batch_kl``, verl's estimator and aggregation), the read-out of every other tick.
-    Valid = verl's ``compute_response_mask``, as in ``batch_mismatch``: decoupled rejection has replaced
-    ``response_mask`` by the tokens it kept; the local driver reads every valid one."""
+def kl_readout(batch, actor, old_log_probs) -> float:
+    """``actor/kl_loss`` as the local driver logs it: the trainer's old pass ``old_log_probs`` (decoupled:
+    the batch's; bypass: a fire step's read-out pass) against the reference pass (through the codec under
+    ``kl_ref_forward: codec``) over every valid response token of the step's batch (``grpo.batch_kl``,
+    verl's estimator and aggregation). Valid = verl's ``compute_response_mask``, as in ``batch_mismatch``:
+    decoupled rejection has replaced ``response_mask`` by the tokens it kept; the local driver reads every
+    valid one."""
     from verl.trainer.ppo.ray_trainer import compute_response_mask
 
     from commrl.rl.grpo import batch_kl
@@ -370,7 +376,14 @@ class CommrlPPOTrainer(RayPPOTrainer):
         return method is not None and method.dense_reference_due(self.global_steps - 1)
 
     def _compute_ref_log_prob(self, batch):
-        """verl's reference pass; on a ``_dense_reference_due`` step its dense one too (``DENSE_REF_KEY``)."""
+        """verl's reference pass; on a ``_dense_reference_due`` step its dense one too (``DENSE_REF_KEY``).
+
+        In bypass mode verl runs no old pass, so on a calibration tick (anchor off, tick 0) the reference
+        pass would be the tick's first through the codec, on the random basis: an actor read-out pass
+        (uncounted) first calibrates it, as the old pass does in decoupled mode (method.md §3)."""
+        method = self.checks.method
+        if method is not None and bypass_mode(self.config) and method.calibration_due(self.global_steps - 1):
+            self._actor_log_probs(batch, "readout")
         ref = super()._compute_ref_log_prob(batch)
         if self._dense_reference_due():
             batch.meta_info[DENSE_REFERENCE] = True
@@ -428,8 +441,8 @@ class CommrlPPOTrainer(RayPPOTrainer):
         if not bypass:  # bypass: old_log_probs are the sampler's, nothing to compare
             metrics.update(batch_mismatch(batch))
         old = fire_old if bypass else tensors["old_log_probs"]
-        if old is not None and "actor/kl_loss" in metrics and DENSE_REF_KEY in tensors.keys():  # noqa: SIM118
-            metrics["actor/kl_loss"] = fire_kl_loss(batch, self.config.actor_rollout_ref.actor, old)
+        if old is not None and "actor/kl_loss" in metrics:
+            metrics["actor/kl_loss"] = kl_readout(batch, self.config.actor_rollout_ref.actor, old)
         self.checks.after_update(metrics, self.global_steps)
         return output
 
