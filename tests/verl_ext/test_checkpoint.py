@@ -97,6 +97,27 @@ def test_a_rerun_of_a_finished_run_trains_nothing(two_ticks, tmp_path, monkeypat
     assert run.info.status == "FINISHED" and run.data.tags["ticks"] == "2"
 
 
+def test_a_resume_deletes_what_an_earlier_attempts_verl_would_have(two_ticks, tmp_path, monkeypatch, capsys):
+    """Ticks 1 and 2 saved by an earlier process, k = 1: verl's manager in a new process would never delete
+    tick 1's checkpoint; ``commrl verl-train`` does (read at 2, the newest), and says so."""
+    from omegaconf import OmegaConf
+
+    out = run_dir(two_ticks, tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setattr(verl_train, "run_verl", lambda cfg: None)  # the run is complete: verl never starts
+    spec = spec_of(2, 2)
+    run_id, _ = record.open_run(verl_train.identity(spec, 2), out, uri)
+    tracking.client(uri).log_metric(run_id, "val/acc", 0.5, step=2)
+    cfg = vc.compose_verl_config(vc.run_overrides(spec, out, tmp_path / "data", tracking_uri=uri))
+    OmegaConf.update(cfg, "trainer.max_actor_ckpt_to_keep", 1)
+    assert verl_train.train(spec, cfg, out, uri, None, record.RunSpec()) == 0
+    assert sorted(p.name for p in (out / "checkpoints").glob("global_step_*")) == ["global_step_2"]
+    assert "deleted the checkpoints of ticks 1 under" in capsys.readouterr().err
+    assert RunSummary.read(out).complete
+
+
 def test_checkpoints_on_another_file_system_are_summarised(two_ticks, tmp_path, monkeypatch):
     """``trainer.default_local_dir`` given on the command line (a scratch file system): the summary counts and
     exports the checkpoints verl wrote there, not the missing ``DIR/checkpoints``."""

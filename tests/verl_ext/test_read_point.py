@@ -4,6 +4,7 @@ every trainer.test_freq / trainer.save_freq ticks and at the last tick); every s
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,47 @@ def test_verls_checkpoint_manager_deletes_all_but_the_kept_newest(tmp_path, keep
         path.mkdir(parents=True)
         manager.register_checkpoint(str(path), keep)
     assert sorted(int(p.parent.name.split("_")[-1]) for p in tmp_path.glob("global_step_*/actor")) == left
+
+
+def test_resumed_attempts_leave_no_more_checkpoints_than_verls_count(tmp_path):
+    """Pair A, 150 ticks read at 100, k = 3, preempted after tick 110 and again after 120: each attempt is a
+    fresh process and a fresh verl manager, which deletes only its own saves, so 75 and 110 would stay on
+    disk for good. ``prune_checkpoints`` at each attempt's start and end (``commrl verl-train``) leaves the
+    read point and the three newest; k = 0 (verl keeps all) deletes none, nor a save cut off past the
+    tracker."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    from commrl.verl_ext.checkpoint import TRACKER, prune_checkpoints
+
+    def on_disk() -> list[int]:
+        return sorted(int(p.parent.name.split("_")[-1]) for p in tmp_path.glob("global_step_*/actor"))
+
+    def attempt(saves: list[int], prune: bool) -> None:
+        if prune:
+            prune_checkpoints(tmp_path, 3, 100)
+        manager = BaseCheckpointManager.__new__(BaseCheckpointManager)
+        manager.previous_saved_paths = []
+        for step in saves:
+            manager.ensure_checkpoint_capacity(3)
+            (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
+            manager.register_checkpoint(str(tmp_path / f"global_step_{step}" / "actor"), 3)
+            (tmp_path / TRACKER).write_text(str(step))
+        if prune:
+            prune_checkpoints(tmp_path, 3, 100)
+
+    attempts = [[25, 50, 75, 100, 110], [120], [125, 150]]
+    for saves in attempts:
+        attempt(saves, prune=False)
+    assert on_disk() == [75, 100, 110, 120, 125, 150]
+    for folder in tmp_path.iterdir():
+        shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+    for saves in attempts:
+        attempt(saves, prune=True)
+    assert on_disk() == [100, 120, 125, 150]
+
+    (tmp_path / "global_step_175" / "actor").mkdir(parents=True)  # cut off before verl wrote the tracker
+    assert prune_checkpoints(tmp_path, 0, 100) == [] and on_disk() == [100, 120, 125, 150, 175]
+    assert prune_checkpoints(tmp_path, 1, 100) == [120, 125] and on_disk() == [100, 150, 175]
 
 
 def test_a_model_verls_workers_cannot_load_is_refused_before_ray_starts(tmp_path, monkeypatch):

@@ -150,6 +150,8 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
     os.environ.update({"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_RUN_ID": run_id})
     error: BaseException | None = None
     checkpoints = Path(cfg.trainer.default_local_dir)
+    keep = int(cfg.trainer.max_actor_ckpt_to_keep or 0)
+    prune(checkpoints, keep, spec.read_at)  # what an earlier attempt's process left past verl's count
     done = latest_tick(checkpoints)
     if done < ticks:
         error = run_verl(cfg)
@@ -162,6 +164,7 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
         error = run_verl(cfg)
     else:
         print(f"commrl verl-train: {out_dir} already holds tick {done} of {ticks}; nothing to train")
+    prune(checkpoints, keep, spec.read_at)
     stop = preempt.preempted_in(error)
     if stop is not None:  # checkpointed by verl: no export, no summary (the run is not done)
         record.mark_preempted(run_id, stop.tick, stop.signal_name, tracking_uri)
@@ -183,6 +186,20 @@ def train(spec, cfg, out_dir: Path, tracking_uri: str, run_id: str | None, place
         return EXIT_INCOMPLETE
     print(f"commrl verl-train: {summary.ticks_trained} ticks done; final model in {summary.final}")
     return 0
+
+
+def prune(checkpoints: Path, keep: int, read_at: int) -> None:
+    """``checkpoint.prune_checkpoints``, saying on stderr which ticks' checkpoints it deleted."""
+    from commrl.verl_ext.checkpoint import prune_checkpoints
+
+    deleted = prune_checkpoints(checkpoints, keep, read_at)
+    if deleted:
+        print(
+            f"commrl verl-train: deleted the checkpoints of ticks {', '.join(map(str, deleted))} under "
+            f"{checkpoints} (trainer.max_actor_ckpt_to_keep={keep}: the newest and the read point's "
+            f"tick {read_at} are kept; verl counts only its own process's saves)",
+            file=sys.stderr,
+        )
 
 
 def run_verl(cfg) -> Exception | None:

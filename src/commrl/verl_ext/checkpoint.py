@@ -16,6 +16,7 @@ before verl's first step, checked by every resume (``record_run_config``).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from commrl.staging import staged_dir
 from commrl.verl_ext.config import VerlRun, on_schedule
 
 TRACKER = "latest_checkpointed_iteration.txt"
+STEP_PREFIX = "global_step_"  # verl's folder of the checkpoint of tick k: global_step_<k>
 RUN_CONFIG = "run_config.json"
 VAL_ACC = "val/acc"  # what summary.json and the report read (trainer.method_metrics: from verl's val-core/*)
 
@@ -40,6 +42,31 @@ def latest_tick(checkpoint_dir: Path) -> int:
     if not text.isdigit():
         raise ValueError(f"{tracker} holds {text!r}, not a tick number; the checkpoint folder is damaged")
     return int(text)
+
+
+def prune_checkpoints(checkpoint_dir: Path, keep: int, read_at: int) -> list[int]:
+    """Delete the ``global_step_<k>`` folders that verl's ``trainer.max_actor_ckpt_to_keep = keep`` would
+    have deleted in one process: of the complete ones (up to the tracker's tick), all but the ``keep``
+    newest and the read point's (``read_at``). Returns the deleted ticks, oldest first.
+
+    verl's checkpoint manager deletes only what its own process saved, so every resume would leave up to
+    ``keep`` of the earlier attempts' checkpoints on disk for good (pair A: ~45 GB each). ``keep = 0``
+    (verl's keep-all) deletes nothing; a folder past the tracker (a save cut off) is verl's to overwrite.
+    """
+    if keep <= 0:
+        return []
+    root = Path(checkpoint_dir)
+    latest = latest_tick(root)
+    saved = sorted(
+        int(d.name.removeprefix(STEP_PREFIX))
+        for d in root.glob(f"{STEP_PREFIX}*")
+        if d.is_dir() and d.name.removeprefix(STEP_PREFIX).isdigit()
+    )
+    complete = [t for t in saved if t <= latest]
+    stale = [t for t in complete[:-keep] if t != read_at]
+    for tick in stale:
+        shutil.rmtree(root / f"{STEP_PREFIX}{tick}")
+    return stale
 
 
 def resolved_config(spec: VerlRun, cfg) -> dict[str, Any]:
@@ -97,7 +124,7 @@ def validation_missing(
 
 
 def actor_checkpoint(checkpoint_dir: Path, tick: int) -> Path:
-    return Path(checkpoint_dir) / f"global_step_{tick}" / "actor"
+    return Path(checkpoint_dir) / f"{STEP_PREFIX}{tick}" / "actor"
 
 
 def export_hf(checkpoint_dir: Path, tick: int, target: Path) -> Path:

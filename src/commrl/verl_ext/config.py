@@ -472,7 +472,8 @@ def checkpoints_to_keep(run: VerlRun, cfg) -> int:
     ``k = 1 + |saves after the read point|``, the fewest that leave it on disk for ``summarize_run``'s export.
 
     verl's checkpoint manager deletes all but the ``k`` newest checkpoints it saved in its process (a resumed
-    process starts its count afresh, so it deletes none of the earlier ones). A preemption's extra save comes
+    process starts its count afresh, so it deletes none of the earlier ones: ``commrl verl-train`` does,
+    ``checkpoint.prune_checkpoints``, keeping the read point's). A preemption's extra save comes
     before the run's last tick, which is always a save, so it never adds one past ``k``. Unset, verl keeps
     every checkpoint: about 45 GB each for pair A (README "Disk"), some 300 of them for the paper matrix.
     """
