@@ -199,6 +199,22 @@ def test_resumed_attempts_leave_no_more_checkpoints_than_verls_count(tmp_path):
     assert prune_checkpoints(tmp_path, 1, 100) == [120, 125] and on_disk() == [100, 150, 175]
 
 
+def test_ray_gets_the_cpus_of_the_slurm_job_step(tmp_path, monkeypatch):
+    """Inside a Slurm job verl's unset ``ray_kwargs.ray_init.num_cpus`` becomes the CPUs the step's cpuset
+    allows (Ray itself would count the node's); outside Slurm, or set by hand, it is left alone."""
+    _, cfg = vc.compose_verl_run("A", "dense", 0, [], tmp_path / "run", tmp_path / "data")
+    assert cfg.ray_kwargs.ray_init.num_cpus is None
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert vc.slurm_ray_cpus(cfg) is None and cfg.ray_kwargs.ray_init.num_cpus is None
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
+    assert vc.slurm_ray_cpus(cfg) == 64 and cfg.ray_kwargs.ray_init.num_cpus == 64
+    _, mine = vc.compose_verl_run(
+        "A", "dense", 0, ["ray_kwargs.ray_init.num_cpus=16"], tmp_path / "run", tmp_path / "data"
+    )
+    assert vc.slurm_ray_cpus(mine) is None and mine.ray_kwargs.ray_init.num_cpus == 16
+
+
 def test_a_model_verls_workers_cannot_load_is_refused_before_ray_starts(tmp_path, monkeypatch):
     """A missing local folder, or a hub id with HF_HUB_OFFLINE set and no cached copy (this machine has
     none), is a ConfigError naming the pair file's model.path; a local folder, or the hub online, passes."""

@@ -209,9 +209,13 @@ def run_verl(cfg) -> Exception | None:
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
+    from commrl.verl_ext import config as vc
     from commrl.verl_ext.trainer import CommrlTaskRunner
 
     auto_set_device(cfg)
+    cpus = vc.slurm_ray_cpus(cfg)
+    if cpus is not None:
+        print(f"commrl verl-train: Ray gets this Slurm job step's {cpus} CPUs (ray_kwargs.ray_init.num_cpus)")
     preempt.shield()  # Ray's daemons, its workers and vLLM start ignoring SIGUSR1; the TaskRunner watches it
     try:
         run_ppo(cfg, task_runner_class=CommrlTaskRunner)

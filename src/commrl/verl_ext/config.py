@@ -436,6 +436,22 @@ def compose_verl_run(
     return run, cfg
 
 
+def slurm_ray_cpus(cfg) -> int | None:
+    """Inside a Slurm job (``SLURM_JOB_ID``), verl's ``ray_kwargs.ray_init.num_cpus`` when unset := the CPUs
+    this process may run on (``os.sched_getaffinity``); the value set, else None (left as it is).
+
+    Ray counts a node's CPUs, corrected for a CPU quota but not for the cpuset Slurm confines a job step to
+    (``task/cgroup``), so it would schedule the node's CPU count on the job's share; verl's own config says
+    to fix the number under Slurm ("might cause hang if limited in systems like SLURM")."""
+    from omegaconf import OmegaConf
+
+    if "SLURM_JOB_ID" not in os.environ or OmegaConf.select(cfg, "ray_kwargs.ray_init.num_cpus") is not None:
+        return None
+    cpus = len(os.sched_getaffinity(0))
+    OmegaConf.update(cfg, "ray_kwargs.ray_init.num_cpus", cpus, force_add=True)
+    return cpus
+
+
 def check_verl_config(cfg, run: VerlRun | None = None) -> None:
     """verl's own checks (``validate_config``, as ``main_ppo`` runs them), failures as ``ConfigError``; with
     ``run``, also that verl produces its read point (``check_read_point``)."""
