@@ -309,3 +309,39 @@ def test_prepared_data_and_reward_load_through_verls_own_loaders(tmp_path, tiny_
     reward = get_custom_reward_fn(cfg)
     assert reward(row["data_source"], f"so \\boxed{{{truth}}}", truth, row["extra_info"])["score"] == 1.0
     assert reward(row["data_source"], f"so {truth}", truth, row["extra_info"])["score"] == 0.0
+
+
+A = "actor_rollout_ref.actor"
+
+
+@pytest.mark.parametrize(
+    ("condition", "overrides", "message"),
+    [
+        ("method", [f"{A}.strategy=fsdp"], f"set {A}.strategy=fsdp2"),
+        ("dense", [f"{A}.ulysses_sequence_parallel_size=2"], f"set {A}.ulysses_sequence_parallel_size=1"),
+        ("method", [f"{A}.fsdp_config.fsdp_size=4"], f"set {A}.fsdp_config.fsdp_size=-1"),
+        ("method", [f"{A}.fsdp_config.reshard_after_forward=False"], "or method.anchor=false"),
+        (
+            "method",
+            ["actor_rollout_ref.ref.fsdp_config.fsdp_size=4"],
+            "set actor_rollout_ref.ref.fsdp_config.fsdp_size=-1",
+        ),
+    ],
+)
+def test_a_layout_the_circuits_cannot_run_on_is_refused_before_ray(tmp_path, condition, overrides, message):
+    """The engine's own layout checks (FSDP1, Ulysses, hybrid sharding, the anchor without resharding),
+    asked of verl's config by ``commrl verl-train`` before Ray starts: the same message, naming the key."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        vc.compose_verl_run("A", condition, 0, overrides, tmp_path / "run", tmp_path / "data")
+
+
+@pytest.mark.parametrize(
+    ("condition", "overrides"),
+    [
+        ("anchor_off", [f"{A}.fsdp_config.reshard_after_forward=False"]),  # nothing loaded into the shards
+        ("method", ["+method.kl_ref_forward=dense", "actor_rollout_ref.ref.fsdp_config.fsdp_size=4"]),
+        ("method", [f"{A}.fsdp_config.fsdp_size=8"]),  # the whole node: one shard group
+    ],
+)
+def test_a_layout_the_circuits_do_not_touch_passes(tmp_path, condition, overrides):
+    vc.compose_verl_run("A", condition, 0, overrides, tmp_path / "run", tmp_path / "data")

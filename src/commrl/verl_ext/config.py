@@ -452,6 +452,67 @@ def slurm_ray_cpus(cfg) -> int | None:
     return cpus
 
 
+def layout_error(
+    role: str, *, fsdp1: bool, ulysses: int, hybrid: bool, keeps_gathered: bool, anchor: bool
+) -> str | None:
+    """Why the two circuits cannot run on the ``role`` engine's (``actor`` | ``ref``) parallel layout, or
+    None: asked before Ray starts (``check_method_layout``, from the config) and again by each engine on the
+    module it built (``engine.TwoCircuitEngineMixin``)."""
+    key = f"actor_rollout_ref.{role}"
+    if fsdp1:
+        return (
+            f"{key}.strategy=fsdp (FSDP1) flattens the parameters, which the two circuits cannot compress "
+            f"per matrix; set {key}.strategy=fsdp2"
+        )
+    if ulysses > 1:
+        return (
+            "ulysses_sequence_parallel_size > 1 splits a sequence's tokens over ranks, which the activation "
+            f"codec does not support; set {key}.ulysses_sequence_parallel_size=1"
+        )
+    if hybrid:
+        return (
+            "hybrid sharding (fsdp_size < world size) replicates gradient shards, which the sharded PowerSGD "
+            f"does not support; set {key}.fsdp_config.fsdp_size=-1"
+        )
+    if keeps_gathered and anchor:
+        return (
+            f"{key}.fsdp_config.reshard_after_forward=False keeps the gathered weights after the "
+            "old-log-prob pass, so the anchor's dense replay would run on the live weights, not on the view "
+            f"it loads into the shards (method.md §3); set {key}.fsdp_config.reshard_after_forward=True "
+            "(verl's default) or method.anchor=false"
+        )
+    return None
+
+
+def check_method_layout(cfg, method: MethodConfig) -> None:
+    """``layout_error`` of the actor, and of the reference when its forward goes through the codec, from
+    verl's config: a ``ConfigError`` before Ray starts rather than in the workers minutes into the job."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    def get(engine, key: str, default):
+        value = OmegaConf.select(engine, key)
+        return default if value is None else value
+
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    roles = ["actor"]
+    if method.kl_ref_forward == "codec" and need_reference_policy(cfg):
+        roles.append("ref")
+    for role in roles:
+        engine = cfg.actor_rollout_ref[role]
+        fsdp_size = int(get(engine, "fsdp_config.fsdp_size", -1))
+        error = layout_error(
+            role,
+            fsdp1=engine.strategy == "fsdp",
+            ulysses=int(get(engine, "ulysses_sequence_parallel_size", 1)),
+            hybrid=0 < fsdp_size < world,
+            keeps_gathered=role == "actor" and not get(engine, "fsdp_config.reshard_after_forward", True),
+            anchor=method.anchor,
+        )
+        if error:
+            raise ConfigError(error)
+
+
 def check_verl_config(cfg, run: VerlRun | None = None) -> None:
     """verl's own checks (``validate_config``, as ``main_ppo`` runs them), failures as ``ConfigError``; with
     ``run``, also that verl produces its read point (``check_read_point``)."""
@@ -460,6 +521,7 @@ def check_verl_config(cfg, run: VerlRun | None = None) -> None:
 
     if run is not None:
         check_read_point(run, cfg)
+        check_method_layout(cfg, run.method)
     check_rollout_correction(cfg)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints a verdict; stdout carries --dry-run's YAML

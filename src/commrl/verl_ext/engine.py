@@ -73,7 +73,7 @@ from commrl.compression.ledger import ByteLedger
 from commrl.compression.powersgd import local_tensor
 from commrl.errors import ConfigError
 from commrl.rl.health import NonFiniteLossError
-from commrl.verl_ext.config import method_from_env
+from commrl.verl_ext.config import layout_error, method_from_env
 
 ACTIVATION_CHANNELS = ("activations_forward", "activations_backward")
 # (batch, response) mask of the tokens eligible for gradient (valid before rejection, nonzero advantage),
@@ -316,8 +316,6 @@ class TwoCircuitEngineMixin:
         if self.engine_config.forward_only:
             self._ref_points = _LazyRefPoints(module)
             return module
-        if self.method.anchor:
-            self._check_reshard(module)
         self.controller = TwoCircuitController(module, self.method, snapshot_device="cpu")
         group = self.get_data_parallel_group() if dist.get_world_size() > 1 else None
         ledger = EngineByteLedger(group, device=_collective_device())
@@ -326,38 +324,26 @@ class TwoCircuitEngineMixin:
         return module
 
     def _check_layout(self, module) -> None:
+        """``config.layout_error`` of the module this engine built (``check_method_layout`` asked the
+        config before Ray started; this is the layout verl actually made)."""
+        from torch.distributed.fsdp import FSDPModule
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        if isinstance(module, FSDP):
-            raise ConfigError(
-                "actor_rollout_ref.actor.strategy=fsdp (FSDP1) flattens the parameters, which the two "
-                "circuits cannot compress per matrix; set actor_rollout_ref.actor.strategy=fsdp2"
-            )
-        if self.engine_config.ulysses_sequence_parallel_size > 1:
-            raise ConfigError(
-                "ulysses_sequence_parallel_size > 1 splits a sequence's tokens over ranks, which the "
-                "activation codec does not support; set "
-                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"
-            )
-        if getattr(self.device_mesh, "ndim", 1) > 1:
-            raise ConfigError(
-                "hybrid sharding (fsdp_size < world size) replicates gradient shards, which the sharded "
-                "PowerSGD does not support; set actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"
-            )
-
-    def _check_reshard(self, module) -> None:
-        """The anchor loads its view (stale or projected weights) into the FSDP2 shards; a forward re-gathers
-        them only from resharded groups, so every group must reshard after its forward."""
-        from torch.distributed.fsdp import FSDPModule
-
-        if isinstance(module, FSDPModule) and not self.engine_config.reshard_after_forward:
-            raise ConfigError(
-                "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False keeps the gathered "
-                "weights after the old-log-prob pass, so the anchor's dense replay would run on the live "
-                "weights, not on the view it loads into the shards (method.md §3); set "
-                "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=True (verl's default) or "
-                "method.anchor=false"
-            )
+        forward_only = self.engine_config.forward_only
+        error = layout_error(
+            "ref" if forward_only else "actor",
+            fsdp1=isinstance(module, FSDP),
+            ulysses=self.engine_config.ulysses_sequence_parallel_size,
+            hybrid=getattr(self.device_mesh, "ndim", 1) > 1,
+            # the anchor loads its view into the FSDP2 shards; a forward re-gathers them only from
+            # resharded groups, so every group must reshard after its forward
+            keeps_gathered=not forward_only
+            and isinstance(module, FSDPModule)
+            and not self.engine_config.reshard_after_forward,
+            anchor=self.method.anchor,
+        )
+        if error:
+            raise ConfigError(error)
 
     # -- passes ----------------------------------------------------------------------------------------------
     def infer_batch(self, data, loss_function=None):
