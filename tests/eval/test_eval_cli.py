@@ -76,18 +76,17 @@ def test_bad_requests_name_the_value(tmp_path, tiny_model_dir, toy_jsonl, capsys
     assert "invalid choice: 'aime24'" in capsys.readouterr().err
 
 
-def test_unknown_training_run_and_builtin_without_cache(
-    tmp_path, tiny_model_dir, toy_jsonl, mlflow_uri, capsys
-):
+def test_unknown_training_run_and_mmlu_without_cache(tmp_path, tiny_model_dir, toy_jsonl, mlflow_uri, capsys):
     argv = (
         f"--checkpoint {tiny_model_dir} --benchmark toy_greedy --data {toy_jsonl} --tracking-uri {mlflow_uri}"
     )
     err = _fails(capsys, f"{argv} --run-id 0123456789abcdef")
     assert "training run '0123456789abcdef' is not in the MLflow store" in err
-    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem --pair A")
-    assert "mmlu_stem: cannot load hub dataset 'cais/mmlu', config 'abstract_algebra'" in err
-    err = _fails(capsys, f"--checkpoint {tiny_model_dir} --benchmark mmlu_stem --data {toy_jsonl} --pair A")
-    assert "mmlu_stem is lm-eval's built-in task" in err
+    mmlu = f"--checkpoint {tiny_model_dir} --benchmark commrl_mmlu_stem --pair A"
+    err = _fails(capsys, mmlu)
+    assert "commrl_mmlu_stem: cannot load hub dataset 'cais/mmlu', config 'all'" in err
+    err = _fails(capsys, f"{mmlu} --data {toy_jsonl}")
+    assert "no subject column to select abstract_algebra" in err  # the toy rows are not MMLU's
 
 
 def test_several_benchmarks_with_one_model_equal_one_job_each(

@@ -139,18 +139,13 @@ def test_killed_evaluation_leaves_no_summary_and_no_run(tmp_path, toy_jsonl, mlf
     assert not tracking.find_runs(tracking.experiment_name("tiny"), tags, mlflow_uri)
 
 
-def test_group_metrics_and_problem_counts():
-    """A group (MMLU-STEM) reports its aggregate under its own name; problems are summed over subtasks."""
+def test_metrics_and_problem_counts():
+    """lm-eval's metric keys without their filter, its non-numeric entries left out; the problems scored."""
     from commrl.eval.runner import effective_docs, extract_metrics
 
     results = {
-        "results": {
-            "mmlu_stem": {"alias": "stem", "acc,none": 0.25, "acc_stderr,none": 0.01},
-            "mmlu_anatomy": {"alias": " - anatomy", "acc,none": 0.5, "acc_stderr,none": "N/A"},
-        },
-        "group_subtasks": {"mmlu_stem": ["mmlu_anatomy", "mmlu_astronomy"]},
-        "n-samples": {"mmlu_anatomy": {"original": 135, "effective": 3}, "mmlu_astronomy": {"effective": 3}},
+        "results": {"commrl_math500": {"alias": "math500", "acc,greedy": 0.25, "acc_stderr,greedy": "N/A"}},
+        "n-samples": {"commrl_math500": {"original": 500, "effective": 6}},
     }
-    assert extract_metrics(results, "mmlu_stem") == {"acc": 0.25, "acc_stderr": 0.01}
-    assert extract_metrics(results, "mmlu_anatomy") == {"acc": 0.5}
-    assert effective_docs(results, "mmlu_stem") == 6
+    assert extract_metrics(results, "commrl_math500") == {"acc": 0.25}
+    assert effective_docs(results, "commrl_math500") == 6

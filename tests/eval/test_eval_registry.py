@@ -23,14 +23,18 @@ TASK_LINE = re.compile(r"^\"?task\"?:\s*\"?([\w.-]+)\"?\s*$", re.MULTILINE)
 
 
 def test_note_suite_kinds():
-    """method.md §5: greedy mean@1 for MATH500, Minerva, OlympiadBench (MMLU-STEM: multiple choice);
-    avg@8 at temperature 0.7 for AMC23 and the AIME sets."""
+    """method.md §5: greedy mean@1 for MATH500, Minerva, OlympiadBench and MMLU-STEM (a letter, as
+    Qwen2.5-Math's evaluation runs it); avg@8 at temperature 0.7 for AMC23 and the AIME sets."""
     kinds = {name: (b.kind, b.k, b.temperature) for name, b in BENCHMARKS.items()}
-    for name in ("commrl_math500", "commrl_minerva", "commrl_olympiadbench", "toy_greedy"):
+    greedy = ("commrl_math500", "commrl_minerva", "commrl_olympiadbench", "commrl_mmlu_stem", "toy_greedy")
+    for name in greedy:
         assert kinds[name] == (GREEDY, 1, 0.0)
     for name in ("commrl_amc23", "commrl_aime24", "commrl_aime25", "commrl_aime26", "toy_avg8"):
         assert kinds[name] == (AVG_K, 8, 0.7)
-    assert kinds["mmlu_stem"][0] == MC and kinds["toy_mc"][0] == MC
+    assert kinds["toy_mc"][0] == MC
+    mmlu = BENCHMARKS["commrl_mmlu_stem"]
+    assert mmlu.letter and (mmlu.hub.path, mmlu.hub.name, mmlu.hub.split) == ("cais/mmlu", "all", "test")
+    assert mmlu.subjects == MMLU_STEM_SUBJECTS and not any(b.letter for b in BENCHMARKS.values() if b != mmlu)
     assert BENCHMARKS["commrl_olympiadbench"].hub.name == "OE_TO_maths_en_COMP"
     assert BENCHMARKS["commrl_minerva"].hub.path == "math-ai/minervamath"
 
@@ -41,10 +45,8 @@ def test_custom_names_do_not_shadow_builtins():
     for path in LM_EVAL_TASKS.rglob("*.yaml"):
         builtin.update(TASK_LINE.findall(path.read_text(errors="ignore")))
     assert len(builtin) > 1000
-    generated = {name for name, b in BENCHMARKS.items() if not b.builtin}
-    assert all(name.startswith(("commrl_", "toy_")) for name in generated)
-    assert not generated & builtin
-    assert {name for name, b in BENCHMARKS.items() if b.builtin} <= {"mmlu_stem"}
+    assert all(name.startswith(("commrl_", "toy_")) for name in BENCHMARKS)
+    assert not set(BENCHMARKS) & builtin
 
 
 def test_mmlu_stem_subjects_match_lm_eval():
@@ -150,6 +152,69 @@ def test_generated_greedy_and_mc_tasks(tmp_path):
     assert mc.config.output_type == "multiple_choice"
     assert mc.doc_to_choice(doc) == ["A", "B", "C", "D"]
     assert doc["choices"][mc.doc_to_target(doc)] == "42"
+
+
+def mmlu_row(subject: str, question: str, answer: int) -> dict:
+    """A row of ``cais/mmlu``'s ``all`` config (its columns: question, subject, choices, answer)."""
+    return {"question": question, "subject": subject, "choices": ["1", "2", " 4 ", "8"], "answer": answer}
+
+
+def test_generated_mmlu_stem_task_asks_a_chain_of_thought_and_reads_the_boxed_letter(tmp_path):
+    """MMLU-STEM as Qwen2.5-Math's evaluation runs it (method.md §5: greedy mean@1): the STEM subjects' rows
+    of ``cais/mmlu`` (``all``), the question with ``Answer Choices: (A) ... (D) ...`` in the pair's math
+    prompt, greedy, and the letter in the last box, through lm-eval's loader of the generated task."""
+    from commrl.data.schema import QWEN_MATH_TEMPLATE
+    from commrl.eval.problems import of_subjects
+
+    rows = [
+        mmlu_row("high_school_mathematics", "2^2 = ?", 2),
+        mmlu_row("philosophy", "Who wrote the Republic?", 0),  # not STEM: left out
+        mmlu_row("college_physics", "How many legs?", 3),
+    ]
+    bench = get_benchmark("commrl_mmlu_stem")
+    kept = of_subjects(rows, bench.subjects, "rows")
+    assert [r["subject"] for r in kept] == ["high_school_mathematics", "college_physics"]
+    yaml_path, task = _load_task(tmp_path, "commrl_mmlu_stem", kept, budget=256)
+    assert "!function 'commrl_scoring.process_greedy_letter'" in yaml_path.read_text()
+    assert task.config.output_type == "generate_until" and task.config.generation_kwargs["do_sample"] is False
+    docs = list(task.test_docs())
+    assert [d["answer"] for d in docs] == ["C", "D"]
+    problem = "2^2 = ?\nAnswer Choices: (A) 1 (B) 2 (C) 4 (D) 8"
+    assert task.doc_to_text(docs[0]) == format_prompt(QWEN_MATH_TEMPLATE, problem)
+    for response, score in (
+        ("4 is option C. \\boxed{C}", 1.0),
+        ("\\boxed{(C)}", 1.0),
+        ("\\boxed{\\text{C. } 4}", 1.0),
+        ("the answer is C", 0.0),  # not boxed, as for every benchmark
+        ("\\boxed{4}", 0.0),  # the option's value, not its letter
+        ("\\boxed{D}", 0.0),
+    ):
+        assert task.process_results(docs[0], [response]) == {"acc": score}, response
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"question": "q", "subject": "anatomy", "choices": "ABCD", "answer": 0}, "choices must be a list"),
+        ({"question": "q", "subject": "anatomy", "choices": ["1", "2"], "answer": 2}, "index (0 to 1)"),
+        ({"question": "q", "subject": "anatomy", "choices": ["1", "2"], "answer": "C"}, "letter (A, B)"),
+    ],
+)
+def test_a_malformed_multiple_choice_row_is_named(row, message):
+    from commrl.eval.errors import DatasetFormatError
+
+    with pytest.raises(DatasetFormatError, match=re.escape(message)):
+        build_docs(get_benchmark("commrl_mmlu_stem"), [row], "mmlu.jsonl")
+
+
+def test_mmlu_rows_without_their_subject_column_are_refused():
+    from commrl.eval.errors import DatasetFormatError
+    from commrl.eval.problems import of_subjects
+
+    with pytest.raises(DatasetFormatError, match="no subject column to select abstract_algebra"):
+        of_subjects([{"question": "q", "answer": 1}], MMLU_STEM_SUBJECTS, "mine.jsonl")
+    with pytest.raises(DatasetFormatError, match="no row of the subjects"):
+        of_subjects([mmlu_row("philosophy", "q", 0)], MMLU_STEM_SUBJECTS, "mine.jsonl")
 
 
 def test_budgets_are_read_from_the_pair_configs():

@@ -153,12 +153,12 @@ def pair_b_series(condition: str, seed: int) -> dict[str, dict[int, float]]:
 EVALS_A = {  # condition -> benchmark -> metric -> seed mean; seed k logs mean + 0.01 (k - 1)
     "dense": {
         "commrl_math500": {"acc": 0.674},
-        "mmlu_stem": {"acc": 0.46},
+        "commrl_mmlu_stem": {"acc": 0.46},
         "commrl_amc23": {"acc": 0.58, "pass_at_8": 0.8},
     },
     "method": {
         "commrl_math500": {"acc": 0.68},
-        "mmlu_stem": {"acc": 0.52},
+        "commrl_mmlu_stem": {"acc": 0.52},
         "commrl_amc23": {"acc": 0.58, "pass_at_8": 0.8},
     },
 }

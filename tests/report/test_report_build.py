@@ -102,7 +102,7 @@ def test_table_values_are_seed_means_with_intervals_of_the_logged_inputs(built):
     columns = next(t for t in built.tables["A"] if t.key == "benchmarks").columns
     assert is_interval(bench[("commrl_math500", "acc")][columns.index("method")], 3, 0.68)
     assert is_interval(bench[("commrl_amc23", "pass_at_8")][columns.index("dense")], 3, 0.8)
-    assert bench[("mmlu_stem", "acc")][0] == "MMLU-STEM"
+    assert bench[("commrl_mmlu_stem", "acc")][0] == "MMLU-STEM"
     one_seed = table(built, "B", "final_scores")["anchor_off"]["score"]
     assert one_seed.n == 1 and one_seed.low is None and one_seed.high is None
     sweeps = {row[0]: row for row in next(t for t in built.tables["A"] if t.key == "sweeps").rows}

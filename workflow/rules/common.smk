@@ -521,7 +521,7 @@ def check_benchmarks(pair, cfg):
             known = ", ".join(BENCHMARKS)
             raise config_error(field, f"{name!r} is not in the eval registry (commrl.eval.benchmarks): {known}")
         data, registered = bench.get("data"), BENCHMARKS[name]
-        if data is None and registered.hub is None and not registered.builtin:
+        if data is None and registered.hub is None:
             jsonl = ", ".join(f for f in made if f.endswith(".jsonl")) or "none here"
             raise config_error(
                 field,

@@ -12,6 +12,10 @@ Kinds (method.md §5: "greedy, mean@1" and "temperature 0.7, avg@8"):
   ``k`` responses verified, pass@k = the fraction of problems with at least one verified response.
 - ``mc``: log-likelihood multiple choice (the letter of the right option), accuracy.
 
+A ``letter`` benchmark's answer is an option's letter (MMLU-STEM, as Qwen2.5-Math's evaluation runs it:
+the question with ``Answer Choices: (A) ... (D) ...``, a greedy chain of thought, the letter in the last
+``\boxed{}``); the others' are math answers, verified with math-verify.
+
 Custom task names carry a prefix (``commrl_``, ``toy_``): a task in lm-eval's include path with a
 built-in's name would replace the built-in silently.
 """
@@ -31,6 +35,7 @@ SAMPLED_TEMPERATURE = 0.7
 STOP_STRINGS = ("<|im_end|>", "<|endoftext|>")  # lm-eval adds the tokenizer's own EOS to these
 OLYMPIAD_CONFIG = "OE_TO_maths_en_COMP"  # open-ended, text-only, maths, English, competition
 MATH_SCORING = "math-verify on the last \\boxed{} (commrl.rl.reward.boxed_reward)"
+LETTER_SCORING = "the option letter in the last \\boxed{} (commrl.eval.scoring.letter_reward)"
 MC_SCORING = "loglikelihood multiple choice"
 MMLU_STEM_SUBJECTS = (
     "abstract_algebra", "anatomy", "astronomy", "college_biology", "college_chemistry",
@@ -58,12 +63,13 @@ class HubSource:
 class Benchmark:
     """One benchmark: lm-eval task name, data source, scoring kind and default generation settings.
 
-    ``hub`` is the default source (None: a local jsonl must be given with ``--data``). ``builtin`` marks
-    an lm-eval built-in task or group that is run as lm-eval ships it (its datasets are in ``hub_configs``).
-    ``prompt_template`` renders a problem as the user message when the data has no ``prompt`` column
-    (multiple-choice prompts are built from the options instead). ``pair``: the one pair whose settings it
-    is evaluated with when neither the caller nor the training run names a pair (the toy benchmarks: tiny);
-    None: the caller must name it (a paper benchmark under tiny's 24-token budget would score ~0).
+    ``hub`` is the default source (None: a local jsonl must be given with ``--data``); ``subjects`` keeps
+    the rows of those subjects only (the ``subject`` column: MMLU's STEM subjects). ``letter``: the answer
+    is an option's letter (``LETTER_SCORING``). ``prompt_template`` renders a problem as the user message
+    when the data has no ``prompt`` column (``mc`` prompts are built from the options instead). ``pair``:
+    the one pair whose settings it is evaluated with when neither the caller nor the training run names a
+    pair (the toy benchmarks: tiny); None: the caller must name it (a paper benchmark under tiny's 24-token
+    budget would score ~0).
     """
 
     name: str
@@ -72,8 +78,8 @@ class Benchmark:
     k: int = 1
     temperature: float = 0.0
     prompt_template: str = QWEN_MATH_TEMPLATE
-    builtin: bool = False
-    hub_configs: tuple[HubSource, ...] = ()
+    subjects: tuple[str, ...] = ()
+    letter: bool = False
     pair: str | None = None
 
     def __post_init__(self) -> None:
@@ -83,11 +89,15 @@ class Benchmark:
             raise ConfigError(f"benchmark {self.name}: avg@k needs k >= 2 and temperature > 0")
         if self.kind != AVG_K and (self.k != 1 or self.temperature != 0):
             raise ConfigError(f"benchmark {self.name}: kind {self.kind} is one greedy pass (k=1, T=0)")
+        if self.letter and self.kind != GREEDY:
+            raise ConfigError(f"benchmark {self.name}: letter answers are scored greedy (kind {GREEDY})")
 
     @property
     def scoring(self) -> str:
         """How a response is scored, in words (logged as the ``scoring`` param)."""
-        return MC_SCORING if self.kind == MC else MATH_SCORING
+        if self.kind == MC:
+            return MC_SCORING
+        return LETTER_SCORING if self.letter else MATH_SCORING
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -134,10 +144,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         _avg8("commrl_aime25", _hub("math-ai/aime25", "test")),
         _avg8("commrl_aime26", _hub("MathArena/aime_2026", "train")),
         Benchmark(
-            "mmlu_stem",
-            MC,
-            builtin=True,
-            hub_configs=tuple(_hub("cais/mmlu", "test", subject) for subject in MMLU_STEM_SUBJECTS),
+            "commrl_mmlu_stem",
+            GREEDY,
+            _hub("cais/mmlu", "test", "all"),
+            subjects=MMLU_STEM_SUBJECTS,
+            letter=True,
         ),
         Benchmark("toy_greedy", GREEDY, prompt_template=TOY_TEMPLATE, pair="tiny"),
         _avg8("toy_avg8", None, prompt_template=TOY_TEMPLATE, pair="tiny"),

@@ -25,7 +25,7 @@ from commrl.eval.problems import MC_LETTERS
 SCORING_MODULE = "commrl_scoring"
 SCORING_SOURCE = (
     '"""Scoring functions named by the commrl task YAMLs in this directory."""\n\n'
-    "from commrl.eval.scoring import process_avg_k, process_greedy  # noqa: F401\n"
+    "from commrl.eval.scoring import process_avg_k, process_greedy, process_greedy_letter  # noqa: F401\n"
 )
 
 
@@ -42,8 +42,6 @@ _TaskDumper.add_representer(FunctionRef, lambda dumper, ref: dumper.represent_sc
 
 def task_config(benchmark: Benchmark, data_file: Path, max_gen_toks: int) -> dict[str, Any]:
     """The lm-eval task config of a generated benchmark reading its docs from ``data_file``."""
-    if benchmark.builtin:
-        raise ValueError(f"{benchmark.name} is an lm-eval built-in; it has no generated task")
     config: dict[str, Any] = {
         "task": benchmark.name,
         "dataset_path": "json",
@@ -63,7 +61,9 @@ def task_config(benchmark: Benchmark, data_file: Path, max_gen_toks: int) -> dic
     else:
         kind_config = {
             GREEDY: {
-                "process_results": FunctionRef(f"{SCORING_MODULE}.process_greedy"),
+                "process_results": FunctionRef(
+                    f"{SCORING_MODULE}.{'process_greedy_letter' if benchmark.letter else 'process_greedy'}"
+                ),
                 "filter_list": [{"name": "greedy", "filter": [{"function": "take_first"}]}],
             },
             AVG_K: {

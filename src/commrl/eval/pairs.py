@@ -4,9 +4,12 @@ The response budget of a pair is its training response length, read from the pai
 (the one source): ``verl.data.max_response_length`` of ``configs/verl/pair/<pair>.yaml`` (method.md §5:
 3072 tokens for pair A, 4096 for pair B), with ``max_model_len`` = ``verl.data.max_prompt_length`` + that;
 ``sampler.max_new_tokens`` of ``configs/train/pair/<pair>.yaml`` for a local pair (the tiny one), whose
-``max_model_len`` is its model's context (``EVAL_DEFAULTS``). So an evaluation never truncates a chain of
-thought the policy was trained to write. Every field can be overridden from a YAML file (``--config``) or
-the CLI.
+``max_model_len`` is its model's context (``EVAL_DEFAULTS``). So an evaluation gives a response the budget
+training gave it: a chain of thought cut off there scores 0, in evaluation as in the reward. That is the
+RL stage's budget, not the literature's for the base models: R1-distilled models (pair B) are reported at
+32768 tokens, where many of their chains of thought that 4096 cuts off end; pair B's absolute scores, the
+base model's above all, are therefore below those (README, "Evaluation"). Every field can be overridden
+from a YAML file (``--config``) or the CLI (``--max-gen-toks``).
 """
 
 from __future__ import annotations

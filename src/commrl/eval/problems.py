@@ -2,7 +2,10 @@
 
 Sources differ in column names, so rows are normalised to ``problem`` and ``answer`` (the first present
 of ``problem/Problem/question/Question`` and ``answer/Answer/final_answer/expected_answer``; a list answer,
-as OlympiadBench's ``final_answer``, is joined; ``$...$`` around an answer is dropped). The user message
+as OlympiadBench's ``final_answer``, is joined; ``$...$`` around an answer is dropped). A row with
+``choices`` (MMLU: the options, ``answer`` the right one's index) becomes its question followed by
+``Answer Choices: (A) ... (B) ...``, as Qwen2.5-Math's evaluation writes it, and the answer its letter.
+A benchmark with ``subjects`` keeps the rows of those subjects (the ``subject`` column). The user message
 is the data's own ``prompt`` column when it has one (``commrl prepare`` writes it with the template the
 policy was trained on), else the benchmark's prompt template applied to the problem.
 
@@ -26,6 +29,7 @@ from commrl.eval.errors import DatasetFormatError, DatasetUnavailableError
 PROBLEM_COLUMNS = ("problem", "Problem", "question", "Question")
 ANSWER_COLUMNS = ("answer", "Answer", "final_answer", "expected_answer")
 MC_LETTERS = ("A", "B", "C", "D")
+CHOICE_LETTERS = "ABCDE"  # the option letters a multiple-choice row may have (Qwen2.5-Math reads A-E)
 MC_OFFSETS = (-10, -2, -1, 1, 2, 10)
 
 
@@ -36,14 +40,29 @@ def load_rows(benchmark: Benchmark, data: str | Path | None = None) -> tuple[lis
     """
     if data is not None:
         path = Path(data).resolve()
-        return read_local(path, benchmark.name), str(path)
-    if benchmark.hub is None:
+        rows, source = read_local(path, benchmark.name), str(path)
+    elif benchmark.hub is None:
         raise DatasetUnavailableError(
             f"benchmark {benchmark.name} reads a local file and none was given: pass --data PATH, a jsonl "
             "with problem/answer columns (for the toy suite: DIR/test.jsonl written by "
             "`commrl prepare --dataset toy --out DIR`)"
         )
-    return load_hub(benchmark.hub, benchmark.name), benchmark.hub.describe()
+    else:
+        rows, source = load_hub(benchmark.hub, benchmark.name), benchmark.hub.describe()
+    return of_subjects(rows, benchmark.subjects, source), source
+
+
+def of_subjects(rows: Sequence[dict[str, Any]], subjects: Sequence[str], source: str) -> list[dict[str, Any]]:
+    """The rows whose ``subject`` is one of ``subjects`` (all rows when ``subjects`` is empty)."""
+    if not subjects:
+        return list(rows)
+    if rows and "subject" not in rows[0]:
+        found, wanted = ", ".join(sorted(rows[0])), ", ".join(subjects)
+        raise DatasetFormatError(f"{source}: no subject column to select {wanted} by; found {found}")
+    kept = [row for row in rows if row.get("subject") in subjects]
+    if not kept:
+        raise DatasetFormatError(f"{source}: no row of the subjects {', '.join(subjects)}")
+    return kept
 
 
 def read_local(path: Path, benchmark: str) -> list[dict[str, Any]]:
@@ -84,12 +103,6 @@ def load_hub(source: HubSource, benchmark: str) -> list[dict[str, Any]]:
     except Exception as err:  # offline, not cached, renamed: all end the same way
         raise DatasetUnavailableError(hub_help(source, benchmark, err)) from err
     return ds.to_list()
-
-
-def check_hub_sources(sources: Sequence[HubSource], benchmark: str) -> None:
-    """Load each source once (from the cache when offline): a missing one fails before the model loads."""
-    for source in sources:
-        load_hub(source, benchmark)
 
 
 def hub_help(source: HubSource, benchmark: str, err: Exception) -> str:
@@ -141,6 +154,8 @@ def normalise(rows: Sequence[dict[str, Any]], source: str) -> list[dict[str, Any
         problem, answer = row.get(problem_col), row.get(answer_col)
         if not isinstance(problem, str) or not problem.strip():
             raise DatasetFormatError(f"{source}: row {index} has an empty {problem_col!r}")
+        if "choices" in columns:
+            problem, answer = with_choices(problem, row.get("choices"), answer, f"{source}: row {index}")
         text = "" if _missing(answer) else answer_text(answer)
         if not text:
             raise DatasetFormatError(f"{source}: row {index} has an empty {answer_col!r}")
@@ -149,6 +164,29 @@ def normalise(rows: Sequence[dict[str, Any]], source: str) -> list[dict[str, Any
             doc["prompt"] = row["prompt"]
         out.append(doc)
     return out
+
+
+def with_choices(question: str, choices: Any, answer: Any, where: str) -> tuple[str, str]:
+    """``(problem, letter)`` of a multiple-choice row: the question and its options as Qwen2.5-Math's
+    evaluation writes MMLU-STEM (``{question}\nAnswer Choices: (A) x (B) y ...``) and the right option's
+    letter (``answer``: its index, or already a letter)."""
+    if not isinstance(choices, list | tuple) or not 2 <= len(choices) <= len(CHOICE_LETTERS):
+        raise DatasetFormatError(
+            f"{where}: choices must be a list of 2 to {len(CHOICE_LETTERS)} options, got {choices!r}"
+        )
+    letters = CHOICE_LETTERS[: len(choices)]
+    if isinstance(answer, str) and answer.strip() in letters:
+        letter = answer.strip()
+    elif isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(choices):
+        letter = letters[answer]
+    else:
+        raise DatasetFormatError(
+            f"{where}: answer must be the right option's index (0 to {len(choices) - 1}) or letter "
+            f"({', '.join(letters)}), got {answer!r}"
+        )
+    labelled = zip(letters, choices, strict=True)
+    options = " ".join(f"({label}) {str(option).strip()}" for label, option in labelled)
+    return f"{question.strip()}\nAnswer Choices: {options}", letter
 
 
 def build_docs(

@@ -31,7 +31,7 @@ from commrl.eval.benchmarks import MC, Benchmark, get_benchmark
 from commrl.eval.errors import EvalError, TrainingRunError
 from commrl.eval.lmeval_task import write_task_dir
 from commrl.eval.pairs import PairSettings, pair_settings
-from commrl.eval.problems import build_docs, check_hub_sources, load_rows
+from commrl.eval.problems import build_docs, load_rows
 
 if TYPE_CHECKING:
     from lm_eval.api.model import LM
@@ -141,7 +141,7 @@ def evaluate_checkpoint(
             "data_source": source,
             "results_path": str(paths.results) if out is not None else None,
             "samples_path": str(paths.samples) if out is not None else None,
-            "task_dir": str(paths.task_dir) if (out is not None and not bench.builtin) else None,
+            "task_dir": str(paths.task_dir) if out is not None else None,
             "training_run_id": parent.info.run_id if parent is not None else run_id,
             "mlflow_run_id": None,
             "tracking_uri": uri if log_to_mlflow else None,
@@ -154,7 +154,7 @@ def evaluate_checkpoint(
                 file=sys.stderr,
             )
         if log_to_mlflow:
-            artifacts = [paths.results, paths.samples] + ([] if bench.builtin else [paths.task_dir])
+            artifacts = [paths.results, paths.samples, paths.task_dir]
             mlflow_log.log_evaluation(
                 benchmark=bench.name,
                 pair=pair,
@@ -208,35 +208,18 @@ def _prepare_task(
 
     Returns the task manager, the data source and how the prompt was made, in words.
     """
-    if bench.builtin:
-        check_builtin_source(bench, data)
-        source = ", ".join(sorted({s.path for s in bench.hub_configs}))
-        prompt = "lm-eval built-in prompt"
+    rows, source = load_rows(bench, data)
+    docs = build_docs(bench, rows, source, prompt_template)
+    write_task_dir(bench, docs, settings.max_gen_toks, task_dir)
+    if bench.kind == MC:
+        prompt = "multiple choice (commrl.eval.problems.multiple_choice_doc)"
+    elif prompt_template is None and "prompt" in rows[0]:
+        prompt = "the data's prompt column"
     else:
-        rows, source = load_rows(bench, data)
-        docs = build_docs(bench, rows, source, prompt_template)
-        write_task_dir(bench, docs, settings.max_gen_toks, task_dir)
-        if bench.kind == MC:
-            prompt = "multiple choice (commrl.eval.problems.multiple_choice_doc)"
-        elif prompt_template is None and "prompt" in rows[0]:
-            prompt = "the data's prompt column"
-        else:
-            prompt = prompt_template or bench.prompt_template
+        prompt = prompt_template or bench.prompt_template
     from lm_eval.tasks import TaskManager
 
-    if bench.builtin:
-        return TaskManager(), source, prompt  # indexes lm-eval's built-in tasks (~13 s)
     return TaskManager(include_path=str(task_dir), include_defaults=False), source, prompt
-
-
-def check_builtin_source(bench: Benchmark, data: str | Path | None) -> None:
-    """A built-in lm-eval task reads its hub dataset from the cache, never ``data``."""
-    if data is not None:
-        raise EvalError(
-            f"{bench.name} is lm-eval's built-in task; it reads {bench.hub_configs[0].path} only "
-            "(pre-cache it), --data does not apply"
-        )
-    check_hub_sources(bench.hub_configs, bench.name)
 
 
 def backend_model_args(backend: str, checkpoint: Path, settings: PairSettings) -> dict[str, Any]:
@@ -290,11 +273,7 @@ def evaluate_benchmarks(
         options.get("max_gen_toks"),
     )
     for bench in chosen:  # every benchmark's problems are there before the model loads
-        name = bench.name
-        if bench.builtin:
-            check_builtin_source(bench, data.get(name))
-        else:
-            load_rows(bench, data.get(name))
+        load_rows(bench, data.get(bench.name))
     loaded = load_model(backend, ckpt, settings)
     return [
         evaluate_checkpoint(ckpt, name, backend, outs.get(name), data=data.get(name), lm=loaded, **options)
@@ -450,12 +429,12 @@ def _hash(text: str) -> str:
 
 
 def extract_metrics(results: dict[str, Any], task: str) -> dict[str, float]:
-    """The numeric metrics of ``task`` (a task or a group), keyed by lm-eval metric name without the filter.
+    """The numeric metrics of ``task``, keyed by lm-eval metric name without the filter.
 
     ``{"acc,avg@8": 0.5, "pass@8,avg@8": 1.0, "acc_stderr,avg@8": 0.1}`` -> ``{"acc": 0.5, "pass@8": 1.0,
     "acc_stderr": 0.1}``; non-numeric entries (``"N/A"`` stderr, ``alias``) are left out.
     """
-    entry = results["results"].get(task) or results.get("groups", {}).get(task)
+    entry = results["results"].get(task)
     if entry is None:
         raise EvalError(f"lm-eval returned no results for {task}; got {', '.join(results['results'])}")
     metrics = {}
@@ -468,12 +447,8 @@ def extract_metrics(results: dict[str, Any], task: str) -> dict[str, float]:
 
 
 def effective_docs(results: dict[str, Any], task: str) -> int:
-    """Problems evaluated for ``task``; for a group, summed over its subtasks."""
-    n_samples = results.get("n-samples", {})
-    if task in n_samples:
-        return int(n_samples[task]["effective"])
-    subtasks = results.get("group_subtasks", {}).get(task, [])
-    return sum(effective_docs(results, sub) for sub in subtasks)
+    """Problems evaluated for ``task``."""
+    return int(results["n-samples"][task]["effective"])
 
 
 def run_params(

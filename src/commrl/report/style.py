@@ -49,7 +49,7 @@ BENCHMARK_NAMES: dict[str, str] = {
     "commrl_math500": "MATH500",
     "commrl_minerva": "Minerva",
     "commrl_olympiadbench": "OlympiadBench",
-    "mmlu_stem": "MMLU-STEM",
+    "commrl_mmlu_stem": "MMLU-STEM",
     "commrl_amc23": "AMC23",
     "commrl_aime24": "AIME24",
     "commrl_aime25": "AIME25",
