@@ -78,6 +78,19 @@ def test_target_is_a_fraction_of_dense_final_val_acc():
         dense_target({"0": val((0, 0.5))}, 0)
 
 
+def test_target_reads_dense_at_the_read_tick_and_skips_a_nan():
+    """Pair A's KL runs train dense to 150 but every claim reads tick 100: so does the target. A NaN last
+    validation is not logged (it once made the target NaN and every seed 'never reach')."""
+    runs = {"0": val((0, 0.3), (100, 0.6), (150, 0.9)), "1": val((0, 0.3), (100, 0.8), (150, float("nan")))}
+    at_read = dense_target(runs, 1.0, read_at=100)
+    assert at_read.accuracy == pytest.approx(0.7) and at_read.seeds == 2
+    assert "at the read tick 100" in at_read.describe()
+    last = dense_target(runs, 1.0)
+    assert last.accuracy == pytest.approx((0.9 + 0.8) / 2) and "at its last validation" in last.describe()
+    with pytest.raises(NetModelError, match="dense has no finite val/acc"):
+        dense_target({"0": val((0, float("nan")))}, 0.95)
+
+
 def test_evaluate_reports_seeds_that_never_reach_and_intervals_over_those_that_do():
     """Dense: two seeds reach 0.95 x 0.8 = 0.76 at step 20 (1 s compute + 1 s comm per tick, no overlap:
     40 s). The method: seed 0 at step 10 (1.1 s compute + 0.1 s comm: 12 s), seed 1 never."""

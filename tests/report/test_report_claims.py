@@ -123,3 +123,24 @@ def test_claim_10_needs_the_sampler_on_the_codec_to_learn_not_only_to_agree():
     assert "its sampler's score 0.000 -> 0.000 at tick 100, gain 0 ± 0 (n=3)" in flat.value
     learns = claims(_same_sampler_runs({t: 0.2 + 0.004 * t for t in range(0, 101, 10)}))[10]
     assert learns.status == "PASS" and learns.values["gain"] == pytest.approx(0.36)
+
+
+def test_the_kl_claims_read_the_last_tick_every_seed_has_a_finite_value_at():
+    """Method's seed 2 logs a NaN KL at tick 150, the last tick of every run: claim 4 is read at tick 149,
+    where all three seeds of both conditions have a value (paired, n = 3), not at 150 on two method seeds;
+    with every dense seed NaN there, the same, where the report once stopped on an empty side."""
+    kl = {
+        "dense": lambda seed, t: 0.01 + 0.001 * int(seed),
+        "method": lambda seed, t: float("nan") if (seed == "2" and t == 150) else 1.0 + 0.1 * int(seed),
+    }
+    runs = base_runs()
+    for r in runs:
+        if r.condition in kl:
+            r.metrics["actor/kl_loss"] = series({t: kl[r.condition](r.seed, t) for t in range(151)})
+    claim = claims(runs)[4]
+    read = claim.checks[0].interval
+    assert "at tick 149" in claim.value and read.n == 3 and read.paired
+    for r in runs:
+        if r.condition == "dense":
+            r.metrics["actor/kl_loss"] = series({t: float("nan") if t == 150 else 0.01 for t in range(151)})
+    assert "at tick 149" in claims(runs)[4].value

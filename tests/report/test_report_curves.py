@@ -98,6 +98,9 @@ def test_last_common_tick():
     b = series({0: 0.0, 5: 0.0})
     assert cv.last_common_tick([a, b]) == 5
     assert cv.last_common_tick([a, series({7: 0.0})]) is None
+    # a NaN or an infinity is not logged: the tick every series has a value at
+    assert cv.last_common_tick([a, series({0: 0.0, 5: float("nan"), 10: 1.0})]) == 10
+    assert cv.last_common_tick([a, series({0: 0.0, 5: 1.0, 10: float("inf")})]) == 5
 
 
 def test_known_conditions_keep_the_notes_colours_and_others_get_distinct_fallbacks():

@@ -135,7 +135,9 @@ def test_figure_7_takes_each_seeds_best_over_the_whole_run(monkeypatch, tmp_path
     assert labels[1].endswith("@ ticks 125, 125, 125")
     assert labels[0].endswith("@ ticks 0, 0, 0\n(0 = base)")  # dense is flat: its best is the base read
     assert "over its whole run" in result.caption
-    assert f"claim 11 read the best up to the read tick (tick {READ_AT})" in result.caption
+    assert f"reads the best up to the read tick (tick {READ_AT}) instead, and claim 11 the val/acc at it" in (
+        result.caption
+    )
 
 
 def test_ticks_label_lists_every_seeds_tick_and_marks_the_base_model():

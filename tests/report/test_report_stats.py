@@ -116,6 +116,19 @@ def test_a_ratio_of_non_negative_quantities_is_cut_at_zero():
     assert st.ratio_interval(*away, nonnegative=True) == st.ratio_interval(*away)
 
 
+def test_a_verdicts_reason_never_prints_a_bound_as_its_threshold():
+    """A lower end of 0.049996 against >= 0.05 straddles it; printed to 4 digits it would read 0.05, as if
+    it passed. The reason prints as many digits as it takes; other bounds keep 4."""
+    interval = st.Interval(0.1, 0.049996, 0.2, (3,), "t")
+    status, reason = st.verdict(interval, "at_least", 0.05)
+    assert status == st.INCONCLUSIVE and reason == "95% CI [0.049996, 0.2] straddles 0.05"
+    status, reason = st.verdict(st.Interval(0.0, -0.0500001, 0.04, (3,), "t"), "within", 0.05)
+    assert reason == "95% CI [-0.0500001, 0.04] straddles ±0.05"
+    assert st.verdict(st.Interval(0.1, 0.0612345, 0.2, (3,), "t"), "at_least", 0.05)[1].startswith(
+        "95% CI [0.06123, 0.2]"
+    )
+
+
 def test_one_seed_two_seeds_and_zero_spread():
     one = st.mean_interval([0.42])
     assert (one.estimate, one.low, one.high, one.n, one.method) == (0.42, None, None, 1, "none")

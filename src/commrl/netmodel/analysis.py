@@ -92,6 +92,7 @@ class PairInputs:
     compute_known: bool
     compute_note: str
     notes: tuple[str, ...] = ()
+    read_at: int | None = None  # the runs' read tick, where the target reads dense's val/acc
 
     @property
     def conditions(self) -> tuple[str, str]:
@@ -258,7 +259,7 @@ def evaluate(pi: PairInputs, links: Sequence[Link], sweep: Sweep, target_fractio
     if not pi.compute_known:
         notes.append(f"{pi.label}: {pi.compute_note}")
     elif pi.val.get(DENSE):
-        target = dense_target(pi.val[DENSE], target_fraction)
+        target = dense_target(pi.val[DENSE], target_fraction, pi.read_at)
     else:
         notes.append(f"{pi.label}: no tracked val/acc of {DENSE}: no time to target")
     rows = []

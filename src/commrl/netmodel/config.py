@@ -310,12 +310,22 @@ def pair_inputs(
                 raise
             notes.append(f"{cfg.pair}: no tracked runs ({err}); no time to target")
     val = {c: cv.seed_series(runs, c, "val/acc") for c in conditions} if runs is not None else {}
+    read_at = runs.read_at() if runs is not None else None
     if cfg.source == "runs":
         assert cfg.passes is not None  # a runs config has them (_build)
         ticks, read_notes = measured_inputs(runs, conditions, tracking_uri, cfg.passes, cfg.param_scale)
         notes += read_notes
         return PairInputs(
-            cfg.pair, "runs", cfg.layout, cfg.compressed, ticks, val, True, cfg.compute_note, tuple(notes)
+            cfg.pair,
+            "runs",
+            cfg.layout,
+            cfg.compressed,
+            ticks,
+            val,
+            True,
+            cfg.compute_note,
+            tuple(notes),
+            read_at,
         )
     horizon = max([int(s.steps.max()) for per in val.values() for s in per.values()] + [cfg.ticks])
     compute = cfg.compute or Compute(None)
@@ -323,5 +333,14 @@ def pair_inputs(
     ticks = {c: {ANALYTIC_SEED: schedule[c]} for c in conditions}
     note = compute.describe() if compute.known else cfg.compute_note
     return PairInputs(
-        cfg.pair, "analytic", cfg.layout, cfg.compressed, ticks, val, compute.known, note, tuple(notes)
+        cfg.pair,
+        "analytic",
+        cfg.layout,
+        cfg.compressed,
+        ticks,
+        val,
+        compute.known,
+        note,
+        tuple(notes),
+        read_at,
     )

@@ -14,30 +14,38 @@ from commrl.report.runs import Series
 
 @dataclass(frozen=True)
 class Target:
-    """``accuracy = fraction * mean_s final_s``: a fraction of dense's final ``val/acc`` (each dense seed's
-    last validation, averaged over its ``seeds``)."""
+    """``accuracy = fraction * mean_s y_s``: a fraction of dense's ``val/acc`` at the read tick (each dense
+    seed's last finite validation up to ``read_at``, or its last finite one without a read tick, averaged
+    over its ``seeds``), the tick every claim and table reads."""
 
     accuracy: float
     fraction: float
     dense_final: float
     seeds: int
+    read_at: int | None = None
 
     def describe(self) -> str:
+        where = f"at the read tick {self.read_at}" if self.read_at is not None else "at its last validation"
         return (
-            f"val/acc >= {self.accuracy:.4g} ({self.fraction:g} x dense's final val/acc "
+            f"val/acc >= {self.accuracy:.4g} ({self.fraction:g} x dense's val/acc {where}, "
             f"{self.dense_final:.4g}, mean of {self.seeds} seed{'s' if self.seeds != 1 else ''})"
         )
 
 
-def dense_target(dense_val: Mapping[str, Series], fraction: float) -> Target:
-    """``target = fraction * (1/n) sum_s y_s(T_s)``, ``T_s`` the last validated step of dense seed ``s``."""
+def dense_target(dense_val: Mapping[str, Series], fraction: float, read_at: int | None = None) -> Target:
+    """``target = fraction * (1/n) sum_s y_s(T_s)``, ``T_s`` dense seed ``s``'s last validated step with a
+    finite value, up to ``read_at`` when given (a seed without one is left out)."""
     if not (0 < fraction <= 1):
         raise NetModelError("target_fraction", f"target_fraction={fraction!r} must be in (0, 1], e.g. 0.95")
-    finals = [float(s.values[-1]) for s in dense_val.values() if len(s.steps)]
+    finals = []
+    for s in dense_val.values():
+        keep = np.isfinite(s.values) & (s.steps <= read_at if read_at is not None else True)
+        if keep.any():
+            finals.append(float(s.values[keep][-1]))
     if not finals:
-        raise NetModelError("val/acc", "dense has no val/acc: the target needs dense's final validation")
+        raise NetModelError("val/acc", "dense has no finite val/acc: the target needs dense's validation")
     final = float(np.mean(finals))
-    return Target(fraction * final, fraction, final, len(finals))
+    return Target(fraction * final, fraction, final, len(finals), read_at)
 
 
 def first_reach(val: Series, accuracy: float) -> int | None:

@@ -148,8 +148,13 @@ def best(s: Series) -> tuple[int, float] | None:
 
 
 def last_common_tick(items: Sequence[Series]) -> int | None:
-    """The last tick logged by every series (None when they share none)."""
-    common = set(items[0].steps.tolist())
+    """The last tick at which every series logged a finite value (None when they share none): a NaN or an
+    infinity is not logged, as everywhere in the report, so no seed drops out of what is read there."""
+
+    def logged(s: Series) -> set[int]:
+        return set(s.steps[np.isfinite(s.values)].tolist())
+
+    common = logged(items[0])
     for s in items[1:]:
-        common &= set(s.steps.tolist())
+        common &= logged(s)
     return max(common) if common else None

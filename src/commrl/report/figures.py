@@ -476,8 +476,8 @@ def best_validation_figure(runs: PairRuns, colours: dict[str, str], out_dir: Pat
     caption = (
         "The best val/acc each seed reached over its whole run (every validation, also after the read "
         "tick), averaged over the seeds of each condition; the label gives the tick of each seed's best (0: "
-        "the base model's read). The table 'Best validation accuracy' and claim 11 read the best up to the "
-        f"read tick{table} instead. The note's Figure 7. {BAR_CAPTION}"
+        "the base model's read). The table 'Best validation accuracy' reads the best up to the read "
+        f"tick{table} instead, and claim 11 the val/acc at it. The note's Figure 7. {BAR_CAPTION}"
     )
     file = file_name(number, "best_val", runs.pair)
     expected = ("method", "prf_mask")

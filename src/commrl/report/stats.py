@@ -372,6 +372,16 @@ def _ratio_interval(a: Mapping[str, float], b: Mapping[str, float], confidence: 
     return Interval(estimate, low, high, sizes, "fieller", paired, note, confidence)
 
 
+def _bound(value: float, threshold: float) -> str:
+    """``value`` to 4 significant digits, or as many more as it takes not to print the threshold (or its
+    negative) for a value that is not it: ``0.049996`` against 0.05 reads 0.049996, not 0.05."""
+    for digits in range(4, 17):
+        text = f"{value:.{digits}g}"
+        if value in (threshold, -threshold) or float(text) not in (threshold, -threshold):
+            return text
+    return repr(value)
+
+
 def verdict(interval: Interval, side: Side, threshold: float) -> tuple[str, str]:
     """``(status, reason)`` of the claim ``x >= threshold`` (``at_least``), ``x > threshold`` (``above``),
     ``x <= threshold`` (``at_most``) or ``|x| <= threshold`` (``within``) on the interval ``[l, h]`` of ``x``.
@@ -384,8 +394,8 @@ def verdict(interval: Interval, side: Side, threshold: float) -> tuple[str, str]
     low, high = interval.low, interval.high
     if low is None or high is None:
         return INCONCLUSIVE, interval.note or f"n={interval.n}: no interval"
-    ci = f"{100 * interval.confidence:.3g}% CI [{low:.4g}, {high:.4g}]"
     t = threshold
+    ci = f"{100 * interval.confidence:.3g}% CI [{_bound(low, t)}, {_bound(high, t)}]"
     rules = {
         "at_least": (low >= t, high < t, f">= {t:g}", f"< {t:g}", f"straddles {t:g}"),
         "above": (low > t, high <= t, f"> {t:g}", f"<= {t:g}", f"straddles {t:g}"),
