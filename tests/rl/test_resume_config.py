@@ -89,6 +89,22 @@ def test_a_longer_run_resumes_and_equals_the_run_trained_straight(
         LocalTrainer(load_train_config([*longer, "rl.ticks=3", "rl.read_at=3"])).train()
 
 
+def test_an_extended_run_keeps_its_read_points_model(tmp_path, toy_data, small_model):
+    """2 ticks read at 2, then extended to 4 with the read point kept: tick 2's weights (the first run's
+    final model, the checkpoint restored) are exported as the read point, which the loop, starting past it,
+    never reaches; the summary names it and evaluation reads it."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    args = overrides(small_model, toy_data, out, "", "condition=method", "tracking.enabled=false")
+    first = LocalTrainer(load_train_config([*args, "rl.ticks=2", "rl.read_at=2"])).train()
+    at_two = AutoModelForCausalLM.from_pretrained(first.final).state_dict()
+    summary = LocalTrainer(load_train_config([*args, "rl.ticks=4", "rl.read_at=2"])).train()
+    assert (summary.ticks_trained, summary.read) == (4, str(out / "tick2"))
+    read = AutoModelForCausalLM.from_pretrained(summary.read).state_dict()
+    assert all(torch.equal(read[k], at_two[k]) for k in at_two)
+
+
 def test_a_checkpoint_without_a_config_record_resumes_with_a_warning_and_records_it(
     tmp_path, toy_data, small_model, capsys
 ):

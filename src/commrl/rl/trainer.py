@@ -564,6 +564,12 @@ class LocalTrainer:
         if latest is not None:
             start = self._restore(latest[1])
             resumed_run = latest[1].get("run_id")
+            read_dir = self.out / read_point_dir_name(start)
+            if start == cfg.rl.read_at < cfg.rl.ticks and not read_dir.exists():
+                # a finished run extended past its read point: its model at the read tick is the one
+                # restored (the loop below exports it only on reaching the read tick)
+                with self.timer.phase("checkpoint"):
+                    self._save_hf(read_dir)
         self._version = start
         if start == 0:
             self.weights.record(0, self.model)
