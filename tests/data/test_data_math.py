@@ -359,3 +359,27 @@ def test_unreachable_hub_id_says_how_to_supply_it(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "--exclude PATH" in proc.stderr, proc.stderr
     assert not out.exists()
+
+
+def test_a_list_answer_is_joined_as_evaluation_joins_it_and_a_cell_that_is_no_text_is_counted(tmp_path):
+    """MATH500 from a local jsonl: a list answer (OlympiadBench's layout) becomes its elements joined with
+    ", " (as ``commrl.eval.problems.answer_text`` reads the same row), not its Python repr; an answer that
+    is a boolean or a mapping, or a problem that is a mapping, is rejected and counted under its reason."""
+    from commrl.eval.problems import answer_text
+
+    rows = [
+        {"problem": "Roots of x^2 - 5x + 6?", "answer": ["2", "3"]},
+        {"problem": "One root of x^2 - 4?", "answer": [2]},
+        {"problem": "Is 7 prime?", "answer": True},
+        {"problem": "What is x?", "answer": {"x": 1}},
+        {"problem": {"text": "a mapping"}, "answer": "1"},
+    ]
+    out = tmp_path / "m500"
+    source = str(write_jsonl(tmp_path / "s.jsonl", rows))
+    assert prepare_cli("--dataset", "math500", "--source", source, "--out", str(out)) == 0
+    kept = pq.read_table(out / "test.parquet").to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in kept] == ["2, 3", "2"]
+    assert [r["reward_model"]["ground_truth"] for r in kept] == [answer_text(r["answer"]) for r in rows[:2]]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["rows_rejected"] == {"answer_not_text": 2, "problem_not_text": 1}
+    assert m["rows_in"] == m["rows_out"] + sum(m["rows_rejected"].values())

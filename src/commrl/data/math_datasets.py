@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from commrl.data.boxed import last_boxed
@@ -109,14 +110,30 @@ class InexactNumberError(ValueError):
     """A cell is a binary float too large to tell which integer the source meant."""
 
 
+class NotTextError(ValueError):
+    """A cell that is no text, number or list of them (a mapping, a boolean): the row is rejected, counted
+    as ``<column>_not_text``."""
+
+    def __init__(self, column: str, value: Any) -> None:
+        super().__init__(f"column {column!r} holds a {type(value).__name__}, not text")
+        self.reason = f"{column}_not_text"
+
+
 def as_text(value: Any) -> str:
-    """A cell as stripped text: '' for None/NaN; a JSON number as written, integral ones without ``.0``.
+    """A cell as stripped text: '' for None/NaN; a JSON number as written, integral ones without ``.0``; a
+    list (OlympiadBench's ``final_answer``) its elements' texts joined with ``, ``, as evaluation joins them
+    (``commrl.eval.problems.answer_text``).
 
     A float (a parquet or hub column) is written in its shortest exact form; an integral one at or above
-    ``EXACT_FLOAT_INTEGERS`` raises ``InexactNumberError``, since the integer it stood for may be lost.
+    ``EXACT_FLOAT_INTEGERS`` raises ``InexactNumberError``, since the integer it stood for may be lost. A
+    mapping or a boolean raises ``TypeError`` (``row_text``: rejected and counted).
     """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
+    if isinstance(value, bool | np.bool_ | dict):
+        raise TypeError(f"a {type(value).__name__} is no text")
+    if isinstance(value, list | tuple | np.ndarray):
+        return ", ".join(text for text in (as_text(v) for v in value) if text)
     if isinstance(value, JsonNumber):
         match = _ZERO_FRACTION.fullmatch(value)
         return match[1] if match else str(value)
@@ -128,9 +145,12 @@ def as_text(value: Any) -> str:
 
 
 def row_text(raw: dict[str, Any], column: str, row: int, source: str) -> str:
-    """``as_text`` of ``raw[column]``; an inexact number is a ``DataError`` naming the column and row."""
+    """``as_text`` of ``raw[column]``; an inexact number is a ``DataError`` naming the column and row, a
+    cell that is no text a ``NotTextError`` (the row is rejected under its reason)."""
     try:
         return as_text(raw.get(column))
+    except TypeError:
+        raise NotTextError(column, raw.get(column)) from None
     except InexactNumberError as err:
         raise DataError(
             f"{source!r}, row {row} (0-based), column {column!r}: {err} (floats hold integers exactly only "
@@ -208,11 +228,15 @@ def prepare_real(
     rows: list[dict[str, Any]] = []
     extra_cols = {col: key for col, key in EXTRA_COLUMNS.items() if col in frame.columns}
     for source_index, raw in enumerate(frame.to_dict("records")):
-        problem = row_text(raw, "problem", source_index, source)
-        if not problem:
-            rejected["empty_problem"] += 1
+        try:
+            problem = row_text(raw, "problem", source_index, source)
+            if not problem:
+                rejected["empty_problem"] += 1
+                continue
+            answer, solution = (row_text(raw, col, source_index, source) for col in ("answer", "solution"))
+        except NotTextError as err:
+            rejected[err.reason] += 1
             continue
-        answer, solution = (row_text(raw, col, source_index, source) for col in ("answer", "solution"))
         truth, reason = ground_truth(answer, solution)
         if truth is None:
             rejected[reason or "no_answer"] += 1
