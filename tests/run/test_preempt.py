@@ -23,6 +23,20 @@ def test_watch_records_the_signal_instead_of_dying_and_restores_the_handlers():
     assert not preempt.requested() and preempt.received() is None
 
 
+def test_a_closed_terminals_hangup_is_a_stop_request_like_sigterm():
+    """A training job of `make pipeline` gets SIGHUP when its terminal closes (its client forwards it to
+    the fork): recorded, so the run checkpoints and exits 75 instead of dying mid-tick."""
+    script = (
+        "import os, signal\n"
+        "from commrl.run import preempt\n"
+        "with preempt.watch():\n"
+        "    os.kill(os.getpid(), signal.SIGHUP)\n"
+        "    print(preempt.requested(), preempt.received() == signal.SIGHUP)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "True True"), done.stderr
+
+
 def test_watch_off_the_main_thread_installs_nothing():
     before = signal.getsignal(signal.SIGUSR1)
     seen = []

@@ -5,7 +5,9 @@ dry-run shows what a change of config plans again. Only the commands and data se
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 DATASET_FILES = {
@@ -43,6 +45,9 @@ def main(args: list[str]) -> int:
             write(Path(out) / name)
     elif command == "train":
         run = Path(override(rest, "out_dir"))
+        if "COMMRL_STUB_TRAIN_S" in os.environ:  # a job that takes a while: say it started, then wait
+            write(os.environ["COMMRL_STUB_MARK"])
+            time.sleep(float(os.environ["COMMRL_STUB_TRAIN_S"]))
         write(run / "summary.json")
         write(run / "final" / "model.safetensors")
     elif command == "eval":

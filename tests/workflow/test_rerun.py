@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +82,31 @@ def _edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, path
     path.write_text(text.replace(old, new))
+
+
+def test_a_hangup_stops_snakemake_gracefully_and_leaves_no_lock(tmp_path: Path) -> None:
+    """A closed terminal sends SIGHUP, of which Snakemake dies at once, its lock left behind (the next
+    `make pipeline` would refuse to start until --unlock). The workflow turns it into Snakemake's graceful
+    SIGTERM: the running training job finishes, the lock is released, and the same command goes on."""
+    (tmp_path / "w").mkdir()
+    workflow = StubWorkflow(tmp_path / "w")
+    workflow.install_stub()
+    workflow.write_config(_small(workflow.config()), Path(CONFIG).name)
+    mark = tmp_path / "train-started"
+    env = workflow.env() | {"COMMRL_STUB_TRAIN_S": "3", "COMMRL_STUB_MARK": str(mark)}
+    target = "results/runs/tiny/dense/seed0/summary.json"
+    cmd = [sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile", CONFIG]
+    proc = subprocess.Popen(cmd, cwd=workflow.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert mark.exists(), proc.communicate()[0].decode()[-3000:]
+    proc.send_signal(signal.SIGHUP)
+    output = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode != -signal.SIGHUP, output[-3000:]
+    assert not list((workflow.root / ".snakemake" / "locks").glob("*")), output[-3000:]
+    rerun = workflow.snakemake(target, "--cores", "1", "--configfile", CONFIG)
+    assert rerun.returncode == 0, rerun.output[-3000:]
 
 
 def test_a_finished_copy_plans_nothing(world: StubWorkflow) -> None:

@@ -41,6 +41,10 @@ ENVS = {"cpu": "../../envs/cpu.yaml", "train": "../../envs/train-gpu.yaml", "eva
 # the rule's shell and commrl. Snakemake and bash die of SIGUSR1 by default, so every Snakemake reading this
 # file ignores it; an ignored signal is inherited, and commrl installs its own handler.
 signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+# A closed terminal sends SIGHUP, of which Snakemake dies at once, leaving its lock (the next run refuses to
+# start until --unlock); its own SIGTERM handler stops it gracefully: the running jobs end (a training job
+# checkpoints on the same SIGHUP and exits 75) and the lock is released, so the same command resumes.
+signal.signal(signal.SIGHUP, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
 PREEMPTIBLE = Path(workflow.basedir) / "workflow" / "scripts" / "preemptible.sh"  # requeues on exit 75
 SIGNAL_LEAD = re.compile(r"--signal[= ](B:|R:)?(?:SIG)?(?:USR1|10)@(\d+)")
 _lead_warned = set()

@@ -2,7 +2,8 @@
 
 Slurm announces the end of an allocation with a signal: ``sbatch --signal=USR1@<lead>`` sends SIGUSR1
 ``<lead>`` seconds before the time limit; preemption, the time limit itself and ``scancel`` send SIGTERM
-(SIGKILL follows after the cluster's ``KillWait`` or ``GraceTime``). A command that trains runs inside
+(SIGKILL follows after the cluster's ``KillWait`` or ``GraceTime``). On a workstation, the terminal that
+ran ``make pipeline`` sends SIGHUP when it closes; it is taken the same way. A command that trains runs inside
 ``watch()``, whose handlers only record the signal. The driver polls ``requested()`` at its safe
 point (after a finished tick), writes a checkpoint, marks its MLflow run (``record.mark_preempted``: tag
 ``preempted`` = the tick, status KILLED, never FAILED) and raises ``Preempted``; the command line turns it
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 EXIT_PREEMPTED = 75
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal of `make pipeline` closed
 
 _received: int | None = None  # the first announcing signal received by this process
 
@@ -53,9 +54,9 @@ def _record(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def watch() -> Iterator[bool]:
-    """While active, SIGUSR1 and SIGTERM are recorded instead of ending the process; on exit the previous
-    handlers come back and the record is cleared. Yields False, and installs nothing, off the main thread
-    (Python sets handlers there only)."""
+    """While active, SIGUSR1, SIGTERM and SIGHUP are recorded instead of ending the process; on exit the
+    previous handlers come back and the record is cleared. Yields False, and installs nothing, off the main
+    thread (Python sets handlers there only)."""
     global _received
     if threading.current_thread() is not threading.main_thread():
         yield False
@@ -76,7 +77,7 @@ def requested() -> bool:
 
 
 def received() -> int | None:
-    """The signal that arrived first (``signal.SIGUSR1`` or ``signal.SIGTERM``), None before any."""
+    """The signal that arrived first (one of ``SIGNALS``), None before any."""
     return _received
 
 
