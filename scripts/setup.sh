@@ -9,6 +9,11 @@
 # requirements but which break transformers' imports on a CPU machine ('torchvision::nms does
 # not exist'). Text models need none of them. Idempotent: a venv whose stamp matches the lock is
 # left alone.
+#
+# torch's CPU build (torch==X+cpu in the lock) is not on PyPI, whose Linux torch wheels are CUDA builds: it
+# comes from PyTorch's own index, TORCH_INDEX, asked for torch alone (an unreachable index then costs one
+# failed lookup, not one per package); a --find-links or mirror holding the wheel serves it as well. pip
+# and setuptools are pinned too (pyproject's build-system), so that nothing in the set-up floats.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -16,12 +21,15 @@ command -v "$PY" >/dev/null || PY=python3
 VENV=${COMMRL_VENV:-.venv}
 LOCK=requirements/lock-cpu.txt
 BROKEN="torchvision torchaudio torchcodec"
+PIP=pip==26.3
+TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+TORCH=$(grep -E '^torch==' "$LOCK")
 
 if [[ ${1:-} == --relock ]]; then
   tmp=$(mktemp -d)
   "$PY" -m venv "$tmp/v"
-  "$tmp/v/bin/pip" install -q --upgrade pip
-  "$tmp/v/bin/pip" install -q "torch==2.13.0" -e ".[vllm,dev]"
+  "$tmp/v/bin/pip" install -q "$PIP"
+  "$tmp/v/bin/pip" install -q --extra-index-url "$TORCH_INDEX" "torch==2.13.0+cpu" -e ".[vllm,dev]"
   "$tmp/v/bin/pip" uninstall -y -q $BROKEN || true
   { sed -n '1,3p' "$LOCK"; "$tmp/v/bin/pip" freeze --exclude-editable | grep -viE "^(torchvision|torchaudio|torchcodec)=="; } > "$LOCK.new"
   mv "$LOCK.new" "$LOCK"
@@ -38,7 +46,8 @@ if [[ -x $VENV/bin/python && -f $stamp && $(cat "$stamp") == "$want" ]]; then
 fi
 echo "[setup] creating $VENV from $LOCK (a few minutes on first run)"
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+"$VENV/bin/python" -m pip install -q "$PIP"
+"$VENV/bin/python" -m pip install -q --no-deps --retries 1 --extra-index-url "$TORCH_INDEX" "$TORCH"
 "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK"
 "$VENV/bin/python" -m pip install -q --no-deps -e .
 "$VENV/bin/python" -m pip uninstall -y -q $BROKEN 2>/dev/null || true
