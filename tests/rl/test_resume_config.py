@@ -105,6 +105,21 @@ def test_an_extended_run_keeps_its_read_points_model(tmp_path, toy_data, small_m
     assert all(torch.equal(read[k], at_two[k]) for k in at_two)
 
 
+def test_a_metrics_line_cut_off_by_a_kill_does_not_stop_the_resume(tmp_path, toy_data, small_model):
+    """A kill while the metrics table is appended leaves a last line without its newline; the resume cuts
+    it (its tick is written again) instead of failing on it at every rerun."""
+    import json
+
+    out = tmp_path / "run"
+    args = overrides(small_model, toy_data, out, "", "condition=method", "tracking.enabled=false")
+    LocalTrainer(load_train_config([*args, "rl.ticks=2", "rl.read_at=2"])).train()
+    with open(out / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 3, "score/me')
+    assert LocalTrainer(load_train_config(args)).train().ticks_trained == 4
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4]
+
+
 def test_a_checkpoint_without_a_config_record_resumes_with_a_warning_and_records_it(
     tmp_path, toy_data, small_model, capsys
 ):
@@ -124,3 +139,35 @@ def test_a_checkpoint_without_a_config_record_resumes_with_a_warning_and_records
     assert "resuming it unchecked" in err
     latest = torch.load(out / "checkpoints" / "tick_000004" / "state.pt", weights_only=False)
     assert latest["run_config"] == resumed.run_config and latest["run_config"]["method.rank"] == 4
+
+
+def test_a_kill_between_mlflow_transactions_never_loses_a_ticks_metrics(tmp_path, monkeypatch):
+    """MLflow writes 1000 metrics a transaction: two pending ticks of 600 metrics each (the validation's
+    last) are two transactions. Killed after the first, the resume must send the second tick again, whose
+    sentinel (time/step_s) therefore comes after all its other metrics, not among the first 1000."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from commrl.rl.trainer import SENTINEL_METRIC
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking.client(uri)
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    trainer = LocalTrainer.__new__(LocalTrainer)
+    trainer.run_id, trainer.tracking_uri, trainer.out = run_id, uri, tmp_path
+    tick = {SENTINEL_METRIC: 1.0, **{f"m{i:03d}": float(i) for i in range(598)}, "val/acc": 0.5}
+    trainer.pending = [(1, dict(tick)), (2, dict(tick))]
+    real, calls = SqlAlchemyStore.log_batch, []
+
+    def killed_after_one(self, run_id, metrics, params, tags):
+        calls.append(len(metrics))
+        if len(calls) > 1:
+            raise KeyboardInterrupt  # the kill, between MLflow's two transactions
+        return real(self, run_id, metrics, params, tags)
+
+    monkeypatch.setattr(SqlAlchemyStore, "log_batch", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        trainer._send_pending()
+    monkeypatch.setattr(SqlAlchemyStore, "log_batch", real)
+    trainer._send_pending()  # the resume: the pending ticks come back from the checkpoint
+    for key in (SENTINEL_METRIC, "val/acc", "m000"):
+        assert sorted({m.step for m in client.get_metric_history(run_id, key)}) == [1, 2], key

@@ -232,14 +232,20 @@ class LocalTrainer:
 
     def _send_pending(self) -> None:
         """MLflow and the metrics table each get the pending ticks they lack (a kill between the two writes
-        leaves one behind the other)."""
+        leaves one behind the other).
+
+        MLflow writes a batch of more than 1000 metrics in several transactions, so each tick's sentinel
+        (``SENTINEL_METRIC``, which a resume reads as "this tick is in MLflow") is its last metric: a kill
+        between two transactions can then leave a tick half written, sent again whole on the resume, but
+        never marked as sent with some of its metrics (a validation) missing."""
         if self.run_id:
             logged = self._last_mlflow_step()
             fresh = [(s, m) for s, m in self.pending if s > logged]
             if fresh:
                 logger = tracking.MetricLogger(self.run_id, self.tracking_uri, flush_every=10**9)
                 for step, metrics in fresh:
-                    logger.log(step, metrics)
+                    last = {SENTINEL_METRIC: metrics[SENTINEL_METRIC]} if SENTINEL_METRIC in metrics else {}
+                    logger.log(step, {k: v for k, v in metrics.items() if k != SENTINEL_METRIC} | last)
                 logger.flush()
         tabled = self._last_table_step()
         self._append_metrics_table([(s, m) for s, m in self.pending if s > tabled])
@@ -251,12 +257,20 @@ class LocalTrainer:
         return max((m.step for m in history), default=-1)
 
     def _last_table_step(self) -> int:
-        """The newest tick in the metrics table (``metrics.jsonl``); -1 for none."""
+        """The newest tick in the metrics table (``metrics.jsonl``); -1 for none.
+
+        A last line without its newline was cut off by a kill mid-append: it is cut from the file (its
+        tick is appended again from the pending ticks the checkpoint holds) instead of failing every resume.
+        """
         table = self.out / "metrics.jsonl"
         if not table.is_file():
             return -1
-        with open(table) as fh:
-            return max((json.loads(line)["step"] for line in fh if line.strip()), default=-1)
+        data = table.read_bytes()
+        complete = data.rfind(b"\n") + 1
+        if complete < len(data):
+            os.truncate(table, complete)
+        lines = data[:complete].decode().splitlines()
+        return max((json.loads(line)["step"] for line in lines if line.strip()), default=-1)
 
     def _append_metrics_table(self, rows: list[tuple[int, dict[str, float]]]) -> None:
         if not rows:
