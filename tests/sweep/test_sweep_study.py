@@ -64,6 +64,24 @@ def test_init_finishes_a_half_done_set_up(env, sweep_dict):
     assert len(open_study(cfg, "half").get_trials()) == 1
 
 
+def test_a_store_that_does_not_answer_is_an_error_not_a_second_parent_run(env, sweep_dict, monkeypatch):
+    """A locked sqlite file or a server down is not a replaced store: init fails (and is rerun) instead of
+    creating a second parent run that would split the study's trials between two in the report."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    cfg = SweepConfig.from_dict(sweep_dict)
+    first = init_study(cfg, "locked")["mlflow_parent_run_id"]
+
+    def locked(self, run_id):
+        raise MlflowException("(sqlite3.OperationalError) database is locked")
+
+    with monkeypatch.context() as patched, pytest.raises(MlflowException, match="database is locked"):
+        patched.setattr(SqlAlchemyStore, "get_run", locked)
+        init_study(cfg, "locked")
+    assert init_study(cfg, "locked")["mlflow_parent_run_id"] == first
+
+
 def test_worker_needs_an_initialised_study(env, sweep_dict):
     cfg = SweepConfig.from_dict(sweep_dict)
     with pytest.raises(SweepError, match="run `commrl sweep init` first"):

@@ -18,7 +18,7 @@ import optuna
 
 from commrl import tracking
 from commrl.errors import ConfigError
-from commrl.run import fingerprint
+from commrl.run import fingerprint, record
 from commrl.sweep.config import PrunerConfig, SamplerConfig, SweepConfig
 from commrl.sweep.grid import enqueue_missing
 from commrl.sweep.space import GridSpace
@@ -197,18 +197,14 @@ def check_trial_config(study: optuna.Study, cfg: SweepConfig) -> dict:
 
 
 def ensure_parent_run(study: optuna.Study, cfg: SweepConfig) -> str:
-    """The study's MLflow parent run (tag kind=sweep, experiment commrl/<pair>), created if missing."""
-    from mlflow.exceptions import MlflowException
-
+    """The study's MLflow parent run (tag kind=sweep, experiment commrl/<pair>), created if missing: only
+    when the store says it has no such run (it was replaced); any other error of the store (a locked sqlite
+    file, a server down) is raised, not answered with a second parent that would split the study's trials."""
     uri = tracking.default_tracking_uri()
     client = tracking.client(uri)
     run_id = study.user_attrs.get(PARENT_ATTR)
-    if run_id:
-        try:
-            client.get_run(run_id)
-            return run_id
-        except MlflowException:
-            pass  # the MLflow store was replaced: make a new parent
+    if run_id and record.run_exists(run_id, uri):
+        return run_id
     exp_id = tracking.ensure_experiment(tracking.experiment_name(cfg.pair), uri, client)
     tags = {
         "kind": "sweep",
