@@ -130,6 +130,18 @@ CASES = [
         base=PAPER,
     ),
     Case(
+        "ticks_before_the_read_point",
+        _set("pairs.A.ticks.method", 50),
+        "pairs.A.ticks.method: 50 ticks end before the pair's read point, tick 100 (read_at in "
+        "configs/verl/pair/A.yaml): give at least 100",
+        base=PAPER,
+    ),
+    Case(
+        "ticks_a_condition_cannot_run",
+        _set("pairs.tiny.ticks", {"method_async": 1}),
+        "pairs.tiny.ticks.method_async: 1 ticks of method_async: rl.staleness=1 is out of range",
+    ),
+    Case(
         "evaluating_a_condition_not_run",
         _set("pairs.tiny.conditions", ["dense"]),
         "pairs.tiny.eval.conditions: 'method' is not in pairs.tiny.conditions",

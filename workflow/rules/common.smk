@@ -437,6 +437,29 @@ def config_files():
     return ", ".join(files) + (" and --config" if workflow.config_settings.config else "")
 
 
+def ticks_problem(pair, driver, condition, ticks, pair_file):
+    """Why `ticks` ticks of `condition` cannot run, as the driver would say it in the job, or None. Local:
+    the run's config composed with the override (`commrl train` reads it at its last tick; e.g. a staleness
+    the ticks cannot hold). verl: the pair's read point (`read_at` of its pair file) must be trained; its
+    full composition imports verl, too slow for every `snakemake` call."""
+    if driver == "local":
+        from commrl.rl.config import load_train_config
+
+        try:
+            overrides = [f"rl.ticks={ticks}", f"rl.read_at={ticks}"]
+            load_train_config([f"pair={pair}", f"condition={condition}", *overrides])
+        except ConfigError as err:
+            return f"{ticks} ticks of {condition}: {err}"
+        return None
+    read_at = (yaml.safe_load(Path(pair_file).read_text()) or {}).get("read_at")
+    if read_at is not None and ticks < read_at:
+        return (
+            f"{ticks} ticks end before the pair's read point, tick {read_at} (read_at in "
+            f"{workdir_path(pair_file)}): give at least {read_at}"
+        )
+    return None
+
+
 def config_error(field, message):
     """The error of a bad value of the config: its file, the field's path (pairs.tiny.seeds) and `message`."""
     return WorkflowError(f"{config_files()}: {field}: {message}")
@@ -566,9 +589,12 @@ def check_config():
                 f"{pair!r} (its pairs: {known}); add the file, or name one of those pairs",
             )
         run = f"is not in pairs.{pair}.conditions"
-        for condition in cfg["ticks"]:
+        for condition, ticks in cfg["ticks"].items():
             if condition not in cfg["conditions"]:
                 raise config_error(f"pairs.{pair}.ticks.{condition}", f"{condition!r} {run}")
+            problem = ticks_problem(pair, cfg["driver"], condition, ticks, pair_file)
+            if problem:
+                raise config_error(f"pairs.{pair}.ticks.{condition}", problem)
         for condition in cfg["eval"].get("conditions", []):
             if condition not in cfg["conditions"]:
                 raise config_error(f"pairs.{pair}.eval.conditions", f"{condition!r} {run}")
