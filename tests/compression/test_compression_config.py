@@ -60,6 +60,8 @@ def test_defaults_follow_method_md():
         ("grad_cosine_every", -1, "integer >= 0"),
         ("grad_cosine_every", True, "1: every fire, 0: never"),
         ("grad_cosine_every", 2.5, "integer >= 0"),
+        ("seed", -1, "[0, 2**32)"),
+        ("seed", 2**32, "[0, 2**32)"),  # PowerSGD's numpy generator takes no larger seed
     ],
 )
 def test_bad_values_name_the_field(field, value, fragment):

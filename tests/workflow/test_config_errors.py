@@ -75,6 +75,11 @@ CASES = [
         _set("resources.train", {"mem_mb": 6000}),
         "resources.train: missing threads, runtime (required here: threads, mem_mb, runtime)",
     ),
+    Case(
+        "seed_above_numpys",
+        _set("pairs.tiny.seeds", [0, 2**32]),
+        "pairs.tiny.seeds[1]: 4294967296 is greater",
+    ),
     Case("negative_runtime", _set("resources.eval.runtime", -5), "resources.eval.runtime: -5 is less than"),
     Case(
         "unknown_top_level_key", _set("resource", {}), "resource: unknown key; allowed here: datasets, pairs"

@@ -146,8 +146,8 @@ class MethodConfig:
             raise _fail("alpha", self.alpha, "must be in [0, 1] (1 = no sign correction)")
         if not _is_number(self.beta) or not 0.0 <= self.beta < 1.0:
             raise _fail("beta", self.beta, "must be in [0, 1) (0 = memory is the newest dense gradient)")
-        if not _is_int(self.seed) or self.seed < 0:
-            raise _fail("seed", self.seed, "must be an integer >= 0")
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**32:
+            raise _fail("seed", self.seed, "must be an integer in [0, 2**32) (PowerSGD's numpy generator)")
         if self.sign_scope == "compressed" and self.grad_codec != "powersgd":
             raise _fail(
                 "sign_scope",
