@@ -102,3 +102,15 @@ def test_a_leftover_holding_folder_beside_a_present_folder_is_deleted(tmp_path):
     write_version(out, "v3")
     assert (out / "model.txt").read_text() == "v3" and leftovers(out) == []
     assert (tmp_path / ".model2.old-abcd1234").is_dir()
+
+
+def test_a_stage_a_killed_writer_left_is_deleted_on_the_next_entry(tmp_path):
+    """A kill while the stage was written leaves ``.<name>.staging-*`` (for a verl export, gigabytes); the
+    next writer of the folder deletes it, and nobody else's."""
+    out = tmp_path / "final"
+    (tmp_path / ".final.staging-0123abcd").mkdir()
+    (tmp_path / ".final.staging-0123abcd" / "model.safetensors").write_text("half")
+    (tmp_path / ".final2.staging-0123abcd").mkdir()  # another folder's: not touched
+    write_version(out, "v1")
+    assert not (tmp_path / ".final.staging-0123abcd").exists() and (out / "model.txt").read_text() == "v1"
+    assert (tmp_path / ".final2.staging-0123abcd").is_dir()

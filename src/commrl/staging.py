@@ -27,11 +27,15 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     - a reader never sees a half-written ``out`` (a mix of old and new files).
 
     On entry a leftover ``.<name>.old-*`` is moved back to ``out`` when ``out`` is missing (the newest, if
-    several) and deleted otherwise.
+    several) and deleted otherwise, and a leftover stage ``.<name>.staging-*`` (a writer killed mid-write:
+    for a verl export, gigabytes) is deleted.
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _restore_held(out)
+    left = re.compile(rf"\.{re.escape(out.name)}\.staging-[0-9a-f]{{8}}")
+    for stale in [p for p in out.parent.iterdir() if left.fullmatch(p.name) and p.is_dir()]:
+        shutil.rmtree(stale, ignore_errors=True)
     stage = _new_dir(out.parent, f".{out.name}.staging-")
     try:
         yield stage

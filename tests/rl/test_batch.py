@@ -42,3 +42,6 @@ def test_checkpoint_store_keeps_the_newest(tmp_path):
     assert tick == 15 and int(state["x"]) == 15
     (tmp_path / "tick_000020").mkdir()  # an incomplete checkpoint (no state.pt) is ignored
     assert store.load_latest()[0] == 15
+    (tmp_path / ".tmp_tick_killed").mkdir()  # a kill while a checkpoint was written
+    store.save(25, {"tick": 25})
+    assert not (tmp_path / ".tmp_tick_killed").exists() and store.ticks() == [15, 25]

@@ -36,8 +36,11 @@ class CheckpointStore:
         return sorted(found)
 
     def save(self, tick: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` for ``tick`` (temp dir, fsync, rename) and keep the newest ``keep``."""
+        """Write ``state`` for ``tick`` (temp dir, fsync, rename) and keep the newest ``keep``; a temp dir a
+        kill left (``.tmp_tick_*``, one writer per run) is deleted first."""
         self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(".tmp_tick_*"):
+            shutil.rmtree(stale, ignore_errors=True)
         final = self.root / f"tick_{tick:06d}"
         tmp = Path(tempfile.mkdtemp(prefix=".tmp_tick_", dir=self.root))
         try:
