@@ -439,15 +439,16 @@ def config_files():
 
 def ticks_problem(pair, driver, condition, ticks, pair_file):
     """Why `ticks` ticks of `condition` cannot run, as the driver would say it in the job, or None. Local:
-    the run's config composed with the override (`commrl train` reads it at its last tick; e.g. a staleness
-    the ticks cannot hold). verl: the pair's read point (`read_at` of its pair file) must be trained; its
-    full composition imports verl, too slow for every `snakemake` call."""
+    the run's length checks on its composed config (`commrl train` reads it at its last tick; e.g. a
+    staleness the ticks cannot hold). verl: the pair's read point (`read_at` of its pair file) must be
+    trained. (A run's whole validation imports torch and verl, seconds at every `snakemake` call.)"""
     if driver == "local":
-        from commrl.rl.config import load_train_config
+        from commrl.rl.config import check_length, compose_train_config
 
+        overrides = [f"pair={pair}", f"condition={condition}", f"rl.ticks={ticks}", f"rl.read_at={ticks}"]
+        rl = compose_train_config(overrides)["rl"]
         try:
-            overrides = [f"rl.ticks={ticks}", f"rl.read_at={ticks}"]
-            load_train_config([f"pair={pair}", f"condition={condition}", *overrides])
+            check_length(rl["ticks"], rl["read_at"], rl["staleness"])
         except ConfigError as err:
             return f"{ticks} ticks of {condition}: {err}"
         return None

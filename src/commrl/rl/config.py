@@ -92,7 +92,7 @@ class RLConfig:
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)  # verl's keys
 
     def validate(self) -> None:
-        _range("rl.ticks", self.ticks, 1, None)
+        check_length(self.ticks, self.read_at, self.staleness)
         _range("rl.prompts_per_tick", self.prompts_per_tick, 1, None)
         _range("rl.group_size", self.group_size, 2, None)
         _range("rl.mini_batches", self.mini_batches, 1, None)
@@ -126,8 +126,6 @@ class RLConfig:
             ),
         )
         _range("rl.val_every", self.val_every, 1, None)
-        _range("rl.read_at", self.read_at, 1, self.ticks)
-        _range("rl.staleness", self.staleness, 0, self.ticks - 1)
         _choice("rl.behaviour_logprobs", self.behaviour_logprobs, BEHAVIOUR_LOGPROBS)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"rl.betas={self.betas!r} is invalid: AdamW's 2 betas, each in [0, 1)")
@@ -276,6 +274,15 @@ def _kind(tp: Any) -> str | None:
     if dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict:
         return "a mapping"
     return _KINDS.get(typing.get_origin(tp) or tp)
+
+
+def check_length(ticks: int, read_at: int, staleness: int) -> None:
+    """What a run's length bounds: ``rl.ticks >= 1``, ``rl.read_at`` in ``[1, ticks]``, ``rl.staleness`` in
+    ``[0, ticks - 1]``. The workflow asks these of a condition's tick override when Snakemake plans
+    (``compose_train_config`` alone: a whole validation imports torch and verl)."""
+    _range("rl.ticks", ticks, 1, None)
+    _range("rl.read_at", read_at, 1, ticks)
+    _range("rl.staleness", staleness, 0, ticks - 1)
 
 
 def _range(name: str, value: float, lo: float | None, hi: float | None, lo_open=False, hi_open=False) -> None:
