@@ -130,12 +130,13 @@ def test_generated_avg8_task_keeps_all_samples(tmp_path):
     assert config.repeats == 8
     assert config.filter_list == [{"name": "avg@8", "filter": [{"function": "take_first_k", "k": 8}]}]
     assert config.generation_kwargs["max_gen_toks"] == 96 and config.generation_kwargs["temperature"] == 0.7
-    assert [m["metric"] for m in config.metric_list] == ["acc", "pass@8"]
+    assert [m["metric"] for m in config.metric_list] == ["acc", "pass@8", "boxed"]
     docs = list(task.test_docs())
     assert [task.doc_to_text(d) for d in docs] == [format_prompt(TOY_TEMPLATE, p) for p in ("12+30", "1+1")]
     assert task.process_results(docs[0], [["\\boxed{42}", "\\boxed{41}", "42", "\\boxed{42.0}"]]) == {
         "acc": 0.5,
         "pass@4": 1.0,
+        "boxed": 0.75,  # "42" has no box: the format, not the arithmetic, scored it 0
     }
 
 
@@ -145,8 +146,9 @@ def test_generated_greedy_and_mc_tasks(tmp_path):
     doc = next(iter(greedy.test_docs()))
     assert greedy.doc_to_text(doc) == "from the data: 12+30"
     assert greedy.config.repeats == 1 and greedy.config.generation_kwargs["do_sample"] is False
-    assert greedy.process_results(doc, ["work... \\boxed{42}"]) == {"acc": 1.0}
-    assert greedy.process_results(doc, ["42"]) == {"acc": 0.0}  # the answer must be boxed
+    assert greedy.process_results(doc, ["work... \\boxed{42}"]) == {"acc": 1.0, "boxed": 1.0}
+    assert greedy.process_results(doc, ["42"]) == {"acc": 0.0, "boxed": 0.0}  # the answer must be boxed
+    assert greedy.process_results(doc, ["work... \\boxed{41"]) == {"acc": 0.0, "boxed": 0.0}  # cut off
     _, mc = _load_task(tmp_path, "toy_mc", rows)
     doc = next(iter(mc.test_docs()))
     assert mc.config.output_type == "multiple_choice"
@@ -189,7 +191,7 @@ def test_generated_mmlu_stem_task_asks_a_chain_of_thought_and_reads_the_boxed_le
         ("\\boxed{4}", 0.0),  # the option's value, not its letter
         ("\\boxed{D}", 0.0),
     ):
-        assert task.process_results(docs[0], [response]) == {"acc": score}, response
+        assert task.process_results(docs[0], [response])["acc"] == score, response
 
 
 @pytest.mark.parametrize(

@@ -101,8 +101,11 @@ class Benchmark:
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        """The metrics the task reports (lm-eval names): ``acc``, plus ``pass@k`` for avg@k."""
-        return ("acc", f"pass@{self.k}") if self.kind == AVG_K else ("acc",)
+        """The metrics the task reports (lm-eval names): ``acc``, plus ``pass@k`` for avg@k, and for a
+        generated answer ``boxed``, the fraction of responses with a final box (``commrl.eval.scoring``)."""
+        if self.kind == MC:
+            return ("acc",)
+        return ("acc", f"pass@{self.k}", "boxed") if self.kind == AVG_K else ("acc", "boxed")
 
     def generation_kwargs(self, max_gen_toks: int) -> dict[str, Any] | None:
         """lm-eval ``generation_kwargs`` for a response budget of ``max_gen_toks`` (None for ``mc``).

@@ -6,6 +6,11 @@ A response scores 1 when its last ``\\boxed{}`` verifies against the answer with
 
     acc    = (1/k) * sum_i score(r_i)       (mean@1 when k = 1; its mean over problems is avg@k)
     pass@k = max_i score(r_i)               (its mean over problems is pass@k)
+    boxed  = (1/k) * sum_i [r_i ends in a non-empty \\boxed{}]
+
+``boxed`` says how much of a score is the answer's format: a response the budget cut off mid-thought has
+no final box and scores 0 whatever it would have answered (pair B's 4096 tokens, where the literature's
+R1-distilled evaluations allow 32768).
 
 A multiple-choice question (MMLU-STEM) is answered by an option's letter: the response scores 1 when its
 last ``\boxed{}`` names the right one (``letter_reward``, Qwen2.5-Math's ``choice_answer_clean`` on the
@@ -31,12 +36,23 @@ def problem_scores(answer: str, responses: Sequence[str]) -> dict[str, float]:
     if not responses:
         raise ValueError("no responses to score; the task's filter must keep every sample (take_first_k)")
     scores = [boxed_reward(response, answer) for response in responses]
-    return {"acc": sum(scores) / len(scores), f"pass@{len(scores)}": max(scores)}
+    boxes = [has_box(response) for response in responses]
+    return {
+        "acc": sum(scores) / len(scores),
+        f"pass@{len(scores)}": max(scores),
+        "boxed": sum(boxes) / len(boxes),
+    }
+
+
+def has_box(response: str) -> float:
+    """1.0 when ``response`` has a last ``\\boxed{}`` with something in it (the answer the scores read)."""
+    box = last_boxed(response)
+    return float(box is not None and bool(box.strip()))
 
 
 def process_greedy(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
     """mean@1: ``results`` is ``[response]`` (lm-eval's ``take_first`` filter)."""
-    return {"acc": boxed_reward(results[0], doc["answer"])}
+    return {"acc": boxed_reward(results[0], doc["answer"]), "boxed": has_box(results[0])}
 
 
 def process_avg_k(doc: dict[str, Any], results: list[list[str]]) -> dict[str, float]:
@@ -59,4 +75,4 @@ def letter_reward(response: str, letter: str) -> float:
 
 def process_greedy_letter(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
     """mean@1 of a multiple-choice question answered by its letter (``letter_reward``)."""
-    return {"acc": letter_reward(results[0], doc["answer"])}
+    return {"acc": letter_reward(results[0], doc["answer"]), "boxed": has_box(results[0])}
