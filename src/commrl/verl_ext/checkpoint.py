@@ -65,7 +65,7 @@ def prune_checkpoints(checkpoint_dir: Path, keep: int, read_at: int) -> list[int
     complete = [t for t in saved if t <= latest]
     stale = [t for t in complete[:-keep] if t != read_at]
     for tick in stale:
-        shutil.rmtree(root / f"{STEP_PREFIX}{tick}")
+        shutil.rmtree(step_dir(root, tick))
     return stale
 
 
@@ -123,8 +123,13 @@ def validation_missing(
     return step not in val_acc_history(run_id, tracking_uri)
 
 
+def step_dir(checkpoint_dir: Path, tick: int) -> Path:
+    """``<checkpoint_dir>/global_step_<tick>``: where verl saves (and resumes) tick ``tick``'s checkpoint."""
+    return Path(checkpoint_dir) / f"{STEP_PREFIX}{tick}"
+
+
 def actor_checkpoint(checkpoint_dir: Path, tick: int) -> Path:
-    return Path(checkpoint_dir) / f"{STEP_PREFIX}{tick}" / "actor"
+    return step_dir(checkpoint_dir, tick) / "actor"
 
 
 def export_hf(checkpoint_dir: Path, tick: int, target: Path) -> Path:

@@ -87,7 +87,7 @@ from commrl.rl.correction import Correction, RolloutCorrection, correct
 from commrl.rl.health import CollapseMonitor
 from commrl.rl.mismatch import mismatch_metrics
 from commrl.run import preempt
-from commrl.verl_ext.checkpoint import latest_tick, validation_missing
+from commrl.verl_ext.checkpoint import latest_tick, step_dir, validation_missing
 from commrl.verl_ext.config import METHOD_ENV, method_from_env
 from commrl.verl_ext.engine import (
     ANCHOR_ADV_KEY,
@@ -447,8 +447,8 @@ class CommrlPPOTrainer(RayPPOTrainer):
         return output
 
     def _step_folder(self) -> Path:
-        """``<default_local_dir>/global_step_<n>``: where verl saves (and resumes) this step's checkpoint."""
-        return Path(self.config.trainer.default_local_dir).absolute() / f"global_step_{self.global_steps}"
+        """Where verl saves (and resumes) this step's checkpoint."""
+        return step_dir(Path(self.config.trainer.default_local_dir).absolute(), self.global_steps)
 
     def _save_checkpoint(self):
         self.checks.save(self._step_folder())  # before verl's tracker file names the folder
