@@ -24,13 +24,14 @@ from optuna.trial import TrialState
 from sweep_fakes import FakeDriver
 
 from commrl.cli.main import main
+from commrl.errors import ConfigError
 from commrl.run import preempt
 from commrl.run.hooks import TrainCallbacks
 from commrl.sweep import objective
 from commrl.sweep.config import SweepConfig, load_sweep_config
 from commrl.sweep.heartbeat import reap_stale_trials
 from commrl.sweep.storage import retry_history
-from commrl.sweep.study import init_study, open_study
+from commrl.sweep.study import SweepError, init_study, open_study
 from commrl.sweep.trial_config import trials_dir
 from commrl.sweep.worker import run_worker
 
@@ -131,6 +132,52 @@ def test_ctrl_c_requeues_the_trial_and_a_rerun_resumes_it(env, sweep_dict):
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     starts = (trials_dir(cfg, "ctrl-c") / "trial0000" / "starts.txt").read_text().split("\n")
     assert [line.split()[0] for line in starts if line] == ["0", "3"]  # the retry resumed at tick 3
+
+
+def crashing_driver(cfg: SweepConfig, error: Exception):
+    """The fast driver, crashing with ``error`` after tick 3's checkpoint (a verl child's non-zero exit)."""
+
+    def crashed(plan, hooks):
+        class Hooks(TrainCallbacks):
+            def on_tick(self, step, metrics):
+                if step == 3:
+                    raise error
+                hooks.on_tick(step, metrics)
+
+            def on_validation(self, step, accuracy):
+                hooks.on_validation(step, accuracy)
+
+        return FakeDriver(cfg.ticks, cfg.val_every)(plan, Hooks())
+
+    return crashed
+
+
+def test_a_crashed_trial_is_queued_again_and_a_rerun_resumes_it_but_a_bad_setting_is_not(env, sweep_dict):
+    """A trial whose training crashes (here the verl driver's error for a child that died) ends FAIL with
+    its retry queued, same params: the rerun resumes it from its checkpoint instead of starting a new point
+    (trial 0 holds the note's defaults). A ``ConfigError`` would fail the same way again: no retry."""
+    sweep_dict.update(n_trials=2)
+    cfg = SweepConfig.from_dict(sweep_dict)
+    init_study(cfg, "crash")
+    died = SweepError("verl-train exited with status 1 (NCCL timeout)")
+    with pytest.raises(SweepError) as raised:
+        run_worker(cfg, "crash", 0, driver=crashing_driver(cfg, died))
+    assert raised.value.__notes__ == ["trial 0 re-enqueued with the same params"]
+    study = open_study(cfg, "crash")
+    first, retry = study.get_trials()
+    assert (first.state, retry.state) == (TrialState.FAIL, TrialState.WAITING)
+    assert retry.params == first.params == cfg.defaults and retry_history(retry) == [0]
+    assert first.user_attrs["note"].startswith("crashed: SweepError: verl-train exited with status 1")
+    run_worker(cfg, "crash", 0, driver=FakeDriver(cfg.ticks, cfg.val_every))
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    starts = (trials_dir(cfg, "crash") / "trial0000" / "starts.txt").read_text().split("\n")
+    assert [line.split()[0] for line in starts if line] == ["0", "3"]  # the retry resumed at tick 3
+
+    init_study(cfg, "bad")
+    with pytest.raises(ConfigError):
+        run_worker(cfg, "bad", 0, driver=crashing_driver(cfg, ConfigError("method.rank=0 is invalid")))
+    assert [t.state for t in open_study(cfg, "bad").get_trials()] == [TrialState.FAIL]
 
 
 def test_a_preempted_trial_is_queued_again_at_once_and_a_signalled_worker_starts_no_trial(env, sweep_dict):

@@ -6,7 +6,8 @@ as a subprocess) and turns the outcome into Optuna's: the value is ``val/acc`` a
 validation before it is reported, and a pruner's verdict or a collapse alarm (``health/alarm``) stops the
 run through ``StopTraining``, which becomes ``optuna.TrialPruned`` (a grid study stops nothing: every point
 is read at ``read_at``, alarm or not; ``commrl.sweep.grid``). A preempted trial (``preempt.Preempted``: it
-checkpointed on SIGUSR1 / SIGTERM) ends FAIL with its retry queued at once, same params, same folder, unless
+checkpointed on SIGUSR1 / SIGTERM), an interrupted one or a crashed one (any error but a ``ConfigError``)
+ends FAIL with its retry queued at once, same params, same folder (it resumes from its checkpoint), unless
 its chain used its ``heartbeat.max_retry`` retries; the exception carries a note saying which. A trial has
 one retry however many paths queue it (the preempt path, the heartbeat reaper): a retry that is not its
 predecessor's first, or whose predecessor finished after all, ends FAIL at once (``budget.superseded``).
@@ -26,6 +27,7 @@ from typing import Any
 import optuna
 
 from commrl import tracking
+from commrl.errors import ConfigError
 from commrl.rl.health import NonFiniteLossError
 from commrl.run import preempt, record
 from commrl.run.hooks import StopTraining, TrainCallbacks
@@ -157,13 +159,21 @@ class SweepObjective:
                 hooks.reason = hooks.reason or str(stop)
             except NonFiniteLossError as err:
                 hooks.reason = f"diverged: {err}"
-            except (KeyboardInterrupt, preempt.Preempted) as stop:
-                # Optuna marks the trial FAIL: queue its retry now, as the heartbeat reaper would for a dead
-                # worker, so that the next worker resumes it at once (its checkpoint, its MLflow run); killed
-                # before that tell, the trial is reaped later and keeps this one retry (``enqueue_retry``)
+            except ConfigError:
+                raise  # a bad setting fails the same way again: no retry
+            except (KeyboardInterrupt, preempt.Preempted, Exception) as stop:
+                # Preempted, interrupted or crashed (a verl child's non-zero exit: an NCCL timeout, a dead Ray
+                # worker, out of memory): Optuna marks the trial FAIL and the worker exits with the error.
+                # Queue its retry now, as the heartbeat reaper would for a dead worker, so that the next
+                # worker resumes it (same params, its checkpoint, its MLflow run) within heartbeat.max_retry;
+                # killed before that tell, the trial is reaped later and keeps this one retry
                 queued = enqueue_retry(trial.study, self._frozen(trial), self.cfg.heartbeat)
                 outcome = retry_note(trial.number, queued, self.cfg.heartbeat.max_retry)
-                trial.set_user_attr("note", f"{str(stop) or 'interrupted'}; {outcome}")
+                if isinstance(stop, (KeyboardInterrupt, preempt.Preempted)):
+                    what = str(stop) or "interrupted"
+                else:
+                    what = f"crashed: {type(stop).__name__}: {stop}"
+                trial.set_user_attr("note", f"{what}; {outcome}")
                 stop.add_note(outcome)
                 raise
         run_id = (result.mlflow_run_id if result else None) or hooks.run_id()
