@@ -7,13 +7,15 @@ import time
 
 import optuna
 import pytest
-from optuna.storages import JournalStorage
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+from sqlalchemy.exc import OperationalError
 
-from commrl.sweep.config import HeartbeatConfig
+from commrl.sweep.config import HeartbeatConfig, StorageSpec
 from commrl.sweep.heartbeat import HEARTBEAT_ATTR, TrialHeartbeat, reap_stale_trials, silent_trials
-from commrl.sweep.storage import retry_history
+from commrl.sweep.storage import open_storage, retry_history
 
 HB = HeartbeatConfig(interval=1, grace=3, max_retry=1)
 
@@ -147,3 +149,28 @@ def test_a_transient_storage_error_does_not_stop_the_heartbeat(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "heartbeat of trial 0: OSError: [Errno 116] Stale file handle; trying again in 0.2 s" in err
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_a_failed_stamp_does_not_end_optunas_heartbeat_thread_on_a_database(tmp_path, monkeypatch, capsys):
+    """On sqlite or PostgreSQL the stamps are Optuna's own heartbeat thread's, which a storage error would
+    end for good (the live trial then reaped and trained twice): the storage reports the failed stamp and the
+    thread's next one records the heartbeat."""
+    storage = open_storage(StorageSpec.parse(f"sqlite:///{tmp_path / 'o.db'}"), HB, create_dirs=True)
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    trial = study.ask()
+    stamp, calls = RDBStorage.record_heartbeat, []
+
+    def flaky(self, trial_id):
+        calls.append(trial_id)
+        if len(calls) == 1:
+            raise OperationalError("UPDATE trial_heartbeats", {}, Exception("server closed the connection"))
+        stamp(self, trial_id)
+
+    monkeypatch.setattr(RDBStorage, "record_heartbeat", flaky)
+    beat = get_heartbeat_thread(trial._trial_id, storage)
+    beat.start()
+    time.sleep(1.5)  # interval 1: the failed first stamp, then a recorded one
+    beat.join()
+    assert len(calls) == 2 and storage._get_stale_trial_ids(study._study_id) == []
+    assert "heartbeat of trial id 1: OperationalError" in capsys.readouterr().err

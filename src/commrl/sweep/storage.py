@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import functools
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -66,7 +67,25 @@ def retry_history(trial: FrozenTrial) -> list[int]:
         return RetryHeartbeatStaleTrialCallback.retry_history(trial)
 
 
-class SQLiteStorage(RDBStorage):
+class StampingRDBStorage(RDBStorage):
+    """``RDBStorage`` whose heartbeat stamp survives an error. Optuna's heartbeat thread calls
+    ``record_heartbeat`` with no handler: one failed stamp (a dropped database connection, a locked sqlite
+    file) ends the thread for good, and after ``heartbeat.grace`` another worker reaps the live trial and
+    trains its retry beside it. Here a failed stamp is reported and the next one, an interval later, tries
+    again (as the journal's ``TrialHeartbeat`` does)."""
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            super().record_heartbeat(trial_id)
+        except Exception as err:
+            print(
+                f"heartbeat of trial id {trial_id}: {type(err).__name__}: {err}; trying again in "
+                f"{self.heartbeat_interval} s",
+                file=sys.stderr,
+            )
+
+
+class SQLiteStorage(StampingRDBStorage):
     """``RDBStorage`` on a sqlite file, with trial state changes made atomic between processes.
 
     Optuna reads a trial's state and changes it under ``SELECT ... FOR UPDATE``, which sqlite ignores: two
@@ -104,7 +123,7 @@ def open_storage(spec: StorageSpec, heartbeat: HeartbeatConfig, create_dirs: boo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if not spec.location.startswith("sqlite:///"):
-            return RDBStorage(spec.location, **options)
+            return StampingRDBStorage(spec.location, **options)
         db = Path(spec.location.removeprefix("sqlite:///"))
         if create_dirs:
             db.parent.mkdir(parents=True, exist_ok=True)
