@@ -237,6 +237,14 @@ def test_a_grid_grows_in_place_and_only_new_points_train(env, tmp_path, grid_dic
     shrunk = SweepConfig.from_dict({**grid_dict, "grid": {"alpha": [0.25], "seed": [0, 1]}})
     with pytest.raises(ConfigError, match="was created with other settings"):
         open_study(shrunk, "grow")
+    # a value below an axis's first: the study still compares its trial config at the point it kept
+    lower = SweepConfig.from_dict({**grid_dict, "grid": {"alpha": [0.1, 0.25, 0.5, 1.0], "seed": [0, 1]}})
+    init_study(lower, "grow")
+    driver = Recording(lower, with_mlflow=True)
+    run_worker(lower, "grow", 0, driver=driver)
+    assert len(driver.trained) == 2 and sorted(finished_points(lower, "grow"), key=str) == sorted(
+        lower.space.points(), key=str
+    )
 
 
 BAD_GRIDS = [

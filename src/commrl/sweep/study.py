@@ -23,10 +23,11 @@ from commrl.sweep.config import PrunerConfig, SamplerConfig, SweepConfig
 from commrl.sweep.grid import enqueue_missing
 from commrl.sweep.space import GridSpace
 from commrl.sweep.storage import open_storage, storage_exists, study_names
-from commrl.sweep.trial_config import trial_config, trials_dir
+from commrl.sweep.trial_config import reference_point, trial_config, trials_dir
 
 IDENTITY_ATTR = "sweep_config"
 TRIAL_CONFIG_ATTR = "trial_config"  # what a trial computes with (trial_config.trial_config)
+TRIAL_POINT_ATTR = "trial_config_point"  # the point it was composed at
 PARENT_ATTR = "mlflow_parent_run_id"
 DEFAULTS_ATTR = "defaults_enqueued"
 STARTS_ATTR = "worker_starts"  # <STARTS_ATTR>/<index>: how many times a worker of that index opened the study
@@ -95,9 +96,11 @@ def init_study(cfg: SweepConfig, name: str) -> dict:
     check_identity(study, cfg)
     if study.user_attrs.get(IDENTITY_ATTR) != cfg.to_dict():  # new, or a grid that grew
         study.set_user_attr(IDENTITY_ATTR, cfg.to_dict())
-    composed = check_trial_config(study, cfg)
+    composed, point = check_trial_config(study, cfg)
     if study.user_attrs.get(TRIAL_CONFIG_ATTR) != composed:
         study.set_user_attr(TRIAL_CONFIG_ATTR, composed)
+    if study.user_attrs.get(TRIAL_POINT_ATTR) != point:
+        study.set_user_attr(TRIAL_POINT_ATTR, point)
     if isinstance(cfg.space, GridSpace):
         enqueue_missing(study, cfg.space)
     elif not study.user_attrs.get(DEFAULTS_ATTR):
@@ -174,15 +177,18 @@ def check_identity(study: optuna.Study, cfg: SweepConfig) -> None:
         )
 
 
-def check_trial_config(study: optuna.Study, cfg: SweepConfig) -> dict:
-    """The composed trial config now (``trial_config``); a ``ConfigError`` naming each changed key when the
-    study's trials were trained under another (a changed condition or pair file: its new trials would not be
-    comparable with the old ones, and a finished study would pass for the new config's). A study created
-    before it kept one has nothing to compare: ``init`` records it."""
-    current = trial_config(cfg)
+def check_trial_config(study: optuna.Study, cfg: SweepConfig) -> tuple[dict, dict]:
+    """The composed trial config now (``trial_config``) and its point (the study's, else
+    ``reference_point``: a grid that gained a value below an axis's first compares where it did); a
+    ``ConfigError`` naming each changed key when the study's trials were trained under another (a changed
+    condition or pair file: its new trials would not be comparable with the old ones, and a finished study
+    would pass for the new config's). A study created before it kept one has nothing to compare: ``init``
+    records it."""
+    point = study.user_attrs.get(TRIAL_POINT_ATTR) or reference_point(cfg)
+    current = trial_config(cfg, point)
     stored = study.user_attrs.get(TRIAL_CONFIG_ATTR)
     if stored is None:
-        return current
+        return current, point
     changed = fingerprint.differences(stored, current, tick=0)
     fingerprint.warn_version_changes(
         fingerprint.version_changes(stored, current), f"study {study.study_name!r}"
@@ -193,7 +199,7 @@ def check_trial_config(study: optuna.Study, cfg: SweepConfig) -> dict:
             "(changed, study -> now):\n  " + "\n  ".join(changed) + "\nRestore it, or start a new study "
             "with another --study name"
         )
-    return current
+    return current, point
 
 
 def ensure_parent_run(study: optuna.Study, cfg: SweepConfig) -> str:

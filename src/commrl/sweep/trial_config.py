@@ -87,14 +87,19 @@ def verl_overrides(cfg: SweepConfig, params: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def trial_config(cfg: SweepConfig) -> dict[str, Any]:
-    """What a trial computes with, at the study's reference point (its defaults, else the space's first check
-    point), recorded as a run records its own (``commrl.run.fingerprint.of``): the composed config of the
-    pair and condition files. A study keeps it, so that a changed file refuses to add trials trained under
-    it to the old ones (``study.check_trial_config``)."""
+def reference_point(cfg: SweepConfig) -> dict[str, Any]:
+    """The point ``trial_config`` composes at when a study has none yet: its defaults, else the space's first
+    check point (a grid's: the first value of each axis)."""
+    return next(iter(_check_points(cfg).values()))
+
+
+def trial_config(cfg: SweepConfig, point: dict[str, Any]) -> dict[str, Any]:
+    """What a trial computes with, at the study's reference ``point``, recorded as a run records its own
+    (``commrl.run.fingerprint.of``): the composed config of the pair and condition files. A study keeps it
+    and its point, so that a changed file refuses to add trials trained under it to the old ones
+    (``study.check_trial_config``), and a grid that gains values keeps comparing at the same point."""
     from commrl.run import fingerprint
 
-    point = next(iter(_check_points(cfg).values()))
     unused = Path("trial-config")  # the trial's folder: exempt from the record
     if cfg.driver == "verl":
         from commrl.verl_ext import config as vc
