@@ -8,9 +8,10 @@ A response scores 1 when its last ``\\boxed{}`` verifies against the answer with
     pass@k = max_i score(r_i)               (its mean over problems is pass@k)
     boxed  = (1/k) * sum_i [r_i ends in a non-empty \\boxed{}]
 
-``boxed`` says how much of a score is the answer's format: a response the budget cut off mid-thought has
-no final box and scores 0 whatever it would have answered (pair B's 4096 tokens, where the literature's
-R1-distilled evaluations allow 32768).
+``boxed`` says how much of a score is the answer's format: a response the budget cut off before it boxed
+an answer has no box and scores 0 whatever it would have answered (pair B's 4096 tokens, where the
+literature's R1-distilled evaluations allow 32768); one cut off after a box (a chain of thought that went on
+checking) is read at that box, as verl reads it, and counts as boxed.
 
 A multiple-choice question (MMLU-STEM) is answered by an option's letter: the response scores 1 when its
 last ``\boxed{}`` names the right one (``letter_reward``, Qwen2.5-Math's ``choice_answer_clean`` on the
