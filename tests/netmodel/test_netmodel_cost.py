@@ -59,8 +59,8 @@ def test_point_to_point_and_the_layout_mapping():
     assert t.total == pytest.approx(t.activations + t.basis + t.weights)
     largest = comm_time(ChannelBytes(0, 0, 4e9, 2, stage_weights=1.5e9), layout, IB100)
     assert largest.weights == pytest.approx(2e-6 + 1.5e9 / 12.5e9, rel=1e-12)
-    rs_ag = comm_time(ChannelBytes(0, 0, 4e9, 2), Layout(4, 2, 28, "rs_ag"), IB100)
-    assert rs_ag.weights == pytest.approx(t.weights, rel=1e-12)  # a dense update: the ring all-reduce's cost
+    rs_ag = comm_time(ChannelBytes(0, 0, 4e9, 2), Layout(4, 2, 28, "rs_ag", gathers=1), IB100)
+    assert rs_ag.weights == pytest.approx(t.weights, rel=1e-12)  # dense, gathered once: an all-reduce's cost
     single = comm_time(ChannelBytes(1e9, 1e6, 4e9, 2), Layout(stages=1, dp=2, points=28), IB100)
     assert single.activations == 0.0 and single.basis == 0.0
 
@@ -106,7 +106,7 @@ def test_weight_update_is_set_by_the_largest_stage():
     assert shares == {"dense": 4 * 560_960_000, "fire": 4 * 560_960_000, "fast": 4 * 34_070_144}
     assert shares["dense"] / (pair_a_summary().dense_weights / 4) == pytest.approx(1.4535, abs=1e-4)
     inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=3, stages=4)["dense"]
-    t = inputs.comm(Layout(4, 8, 28, "rs_ag"), IB100).weights
+    t = inputs.comm(Layout(4, 8, 28, "rs_ag", gathers=1), IB100).weights
     gradients, parameters = 4 * 560_960_000, 2 * 560_960_000
     assert t[0] == pytest.approx(14e-6 + 7 / 8 * (gradients + parameters) / 12.5e9, rel=1e-12)
 
@@ -116,7 +116,7 @@ def test_rs_ag_all_reduces_a_compressed_update_and_gathers_the_parameters_dense(
     reduce-scattered and the parameters all-gathered, 2 (1 us + 1/2 * 1e9 / 12.5e9 s); a compressed one
     (W = 1e8 a stage < P) is ring all-reduced, 2 us + 1e8 / 12.5e9 s, then the parameters all-gathered,
     1 us + 1/2 * 1e9 / 12.5e9 s; DDP (``allreduce``) sends no parameters; given stage shares set both."""
-    fsdp, ddp = Layout(4, 2, 28, "rs_ag"), Layout(4, 2, 28, "allreduce")
+    fsdp, ddp = Layout(4, 2, 28, "rs_ag", gathers=1), Layout(4, 2, 28, "allreduce")
     dense = comm_time(ChannelBytes(0, 0, 4e9, 2, params=4e9), fsdp, IB100).weights
     assert dense == pytest.approx(2 * (1e-6 + 0.5 * 1e9 / 12.5e9), rel=1e-12)
     compressed = ChannelBytes(0, 0, 4e8, 2, params=4e9)
@@ -140,7 +140,7 @@ def test_rs_ag_gathers_the_parameters_at_their_own_element_size():
     reduce-scatters 1e9 bytes and all-gathers 0.5e9, 2 us + 1/2 x 1.5e9 / 12.5e9 s. Whether an update is
     compressed is judged against the dense update at the gradients' element size, not against the gathered
     bytes: 3e9 of a dense 4e9 (0.75e9 a stage, above the 0.5e9 gathered) is still ring all-reduced."""
-    fsdp = Layout(4, 2, 28, "rs_ag")
+    fsdp = Layout(4, 2, 28, "rs_ag", gathers=1)
     dense = comm_time(ChannelBytes(0, 0, 4e9, 2, param_scale=0.5), fsdp, IB100).weights
     assert dense == pytest.approx(2e-6 + 0.5 * 1.5e9 / 12.5e9, rel=1e-12)
     weak = comm_time(ChannelBytes(0, 0, 3e9, 2, params=4e9, param_scale=0.5), fsdp, IB100).weights
@@ -155,21 +155,27 @@ def test_rs_ag_gathers_the_parameters_at_their_own_element_size():
 def test_pair_a_gathers_bf16_parameters_as_verls_fsdp_engine_does():
     """pair_A.yaml's ``param_bytes: 2`` (verl's FSDP ``param_dtype`` default, bf16) against its
     ``grad_bytes: 4`` (``reduce_dtype`` fp32): on 4 stages x 8 replicas at 1GbE dense's update is the
-    reduce-scatter of the last stage's 4 x 560,960,000 gradient bytes and the all-gather of its
-    2 x 560,960,000 parameter bytes, 2 x 7 x 50 us + 7/8 x 6 x 560,960,000 / 1.25e8 s = 23.56 s (31.41 s
-    when the parameters were charged at the gradients' 4 bytes); the method's fast tick gathers the same
-    bf16 parameters."""
+    reduce-scatter of the last stage's 4 x 560,960,000 gradient bytes and the all-gathers of its
+    2 x 560,960,000 parameter bytes, gathered once: 2 x 7 x 50 us + 7/8 x 6 x 560,960,000 / 1.25e8 s =
+    23.56 s (31.41 s when the parameters were charged at the gradients' 4 bytes); the method's fast tick
+    gathers the same bf16 parameters. As verl gathers them, once per traversal and micro-batch (4 x 86),
+    dense's tick sends 343 more gathers."""
     cfg = load_config(config_dir() / "pair_A.yaml")
     assert (cfg.analytic.param_bytes, cfg.analytic.grad_bytes, cfg.param_scale) == (2, 4, 0.5)
     inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=2, stages=4)
     assert inputs["dense"].param_scale == inputs["method"].param_scale == 0.5
     gbe = Link("1GbE", 1.0, 50.0)
-    dense = inputs["dense"].comm(cfg.layout, gbe).weights
+    once = replace(cfg.layout, gathers=1)
+    dense = inputs["dense"].comm(once, gbe).weights
     assert dense[0] == pytest.approx(14 * 50e-6 + 7 / 8 * 6 * 560_960_000 / 1.25e8, rel=1e-12)
     assert dense[0] == pytest.approx(23.561, abs=1e-3)
-    fast = inputs["method"].comm(cfg.layout, gbe).weights[1]
+    fast = inputs["method"].comm(once, gbe).weights[1]
     gather = 7 * 50e-6 + 7 / 8 * 2 * 560_960_000 / 1.25e8
     assert fast == pytest.approx(14 * 50e-6 + 7 / 4 * 4 * 34_070_144 / 1.25e8 + gather, rel=1e-12)
+    assert cfg.layout.gathers is None and cfg.layout.micro_batches == 86
+    assert inputs["dense"].comm(cfg.layout, gbe).weights[0] == pytest.approx(
+        dense[0] + 343 * gather, rel=1e-12
+    )
 
 
 def test_pair_a_method_under_rs_ag_gathers_the_dense_parameters():
@@ -182,13 +188,13 @@ def test_pair_a_method_under_rs_ag_gathers_the_dense_parameters():
     assert cfg.layout.collective == "rs_ag"
     inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=21, stages=4)
     method, dense = inputs["method"], inputs["dense"]
-    t = method.comm(cfg.layout, IB100).weights
+    t = method.comm(replace(cfg.layout, gathers=1), IB100).weights
     factors, gradients, params = 4 * 34_070_144, 4 * 560_960_000, 2 * 560_960_000
     assert cfg.analytic.param_bytes == 2 and cfg.analytic.grad_bytes == 4
     assert t[1] == pytest.approx(21e-6 + (7 / 4 * factors + 7 / 8 * params) / 12.5e9, rel=1e-12)
     dense_update = 14e-6 + 7 / 8 * (gradients + params) / 12.5e9
     assert t[0] == pytest.approx(dense_update, rel=1e-12) and t[20] == t[0]
-    assert np.all(dense.comm(cfg.layout, IB100).weights == t[0])
+    assert np.all(dense.comm(replace(cfg.layout, gathers=1), IB100).weights == t[0])
     ddp = replace(cfg.layout, collective="allreduce")
     assert method.comm(ddp, IB100).weights[1] == pytest.approx(14e-6 + 7 / 4 * factors / 12.5e9, rel=1e-12)
 
@@ -292,3 +298,27 @@ def test_a_runs_traversals_follow_its_fire_ticks():
     assert inputs.params is None  # no dense run's parameters: the updates are dense
     gathered, _ = run_inputs(None, run, {"fast": 3, "fire": 4}, params=10.0)
     assert gathered is not None and gathered.params.tolist() == [4, 10, 4]  # a fire's own dense update
+
+
+def test_fsdp_gathers_the_parameters_once_per_traversal_and_micro_batch_unless_told():
+    """``rs_ag`` with ``gathers`` unset: FSDP's ``reshard_after_forward`` (verl's default) gathers the
+    parameters for every micro-batch of every traversal, ``n m`` all-gathers a tick (3 traversals x 5
+    micro-batches here, and per tick where the traversals differ); ``gathers`` sets the count; the update's
+    reduction and DDP do not change; a bad count names the key."""
+    once, per_mb = Layout(4, 2, 28, "rs_ag", 5, gathers=1), Layout(4, 2, 28, "rs_ag", 5)
+    gather = 1e-6 + 0.5 * 1e9 / 12.5e9
+    t1 = comm_time(ChannelBytes(0, 0, 4e9, 3, params=4e9), once, IB100).weights
+    t15 = comm_time(ChannelBytes(0, 0, 4e9, 3, params=4e9), per_mb, IB100).weights
+    assert t15 == pytest.approx(t1 + 14 * gather, rel=1e-12)
+    ticks = comm_time(ChannelBytes(0, 0, np.array([4e9, 4e9]), np.array([3, 4]), params=4e9), per_mb, IB100)
+    assert ticks.weights.tolist() == pytest.approx([t1 + 14 * gather, t1 + 19 * gather], rel=1e-12)
+    seven = comm_time(ChannelBytes(0, 0, 4e9, 3, params=4e9), replace(once, gathers=7), IB100).weights
+    assert seven == pytest.approx(t1 + 6 * gather, rel=1e-12)
+    ddp = replace(per_mb, collective="allreduce")
+    assert comm_time(ChannelBytes(0, 0, 4e9, 3), ddp, IB100).weights == pytest.approx(2e-6 + 1e9 / 12.5e9)
+    assert (
+        "once per traversal and micro-batch" in per_mb.describe()
+        and "7x a tick" in replace(once, gathers=7).describe()
+    )
+    with pytest.raises(NetModelError, match=r"layout.gathers=0 is invalid: must be an integer >= 1 or null"):
+        replace(once, gathers=0)

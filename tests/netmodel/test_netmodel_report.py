@@ -97,14 +97,15 @@ def test_time_to_target_from_the_analytic_ledger(built):
 
 
 def test_rs_ag_gathers_the_dense_runs_parameters_after_the_methods_update(net_store_uri, runs_config, series):
-    """``bytes: runs`` under FSDP (``rs_ag``): the method's 2e7 update bytes a tick (5 stages, 2 replicas)
+    """``bytes: runs`` under FSDP (``rs_ag``, parameters gathered once a tick): the method's 2e7 update bytes
+    a tick (5 stages, 2 replicas)
     are ring-all-reduced, 2 latencies + 2e7 / 5 / beta, and the parameters all-gathered dense, dense's 2e8
     update bytes a tick, 1 latency + 1/2 x 2e8 / 5 / beta; dense reduce-scatters and all-gathers its own."""
     import numpy as np
 
     from commrl.netmodel import pair_inputs
 
-    pi = pair_inputs(load_config(runs_config).with_overrides(collective="rs_ag"), net_store_uri)
+    pi = pair_inputs(load_config(runs_config).with_overrides(collective="rs_ag", gathers=1), net_store_uri)
     dense_w, method_w = series.NETWORK_BYTES["dense"][1], series.NETWORK_BYTES["method"][1]
     link = named_link("1GbE")
     for seed, method in pi.ticks["method"].items():
@@ -129,7 +130,7 @@ def test_rs_ag_gathers_the_runs_parameters_at_the_configs_element_size(
 
     path = tmp_path / "pair_A_bf16.yaml"
     path.write_text(runs_config.read_text().replace("params: 4}", "params: 2}"))
-    cfg = load_config(path).with_overrides(collective="rs_ag")
+    cfg = load_config(path).with_overrides(collective="rs_ag", gathers=1)
     assert cfg.param_scale == 0.5
     pi = pair_inputs(cfg, net_store_uri)
     dense_w, method_w = series.NETWORK_BYTES["dense"][1], series.NETWORK_BYTES["method"][1]

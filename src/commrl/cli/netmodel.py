@@ -28,6 +28,7 @@ FLAGS = {  # a NetModelError's field -> the option that sets it
     "layout.dp": "--dp",
     "layout.collective": "--collective",
     "layout.micro_batches": "--micro-batches",
+    "layout.gathers": "--gathers",
     "compute.train_s": "--compute-s",
     "compute.method_train_s": "--method-compute-s",
     "compute.sample_s": "--sample-s",
@@ -61,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collective", default=None, help="weight update: allreduce | rs_ag")
     parser.add_argument(
         "--micro-batches", type=int, default=None, help="micro-batches per pass and replica (the config's)"
+    )
+    parser.add_argument(
+        "--gathers",
+        type=int,
+        default=None,
+        help="rs_ag: parameter all-gathers per tick (default: the config's; null there: one per traversal "
+        "and micro-batch, FSDP's reshard_after_forward)",
     )
     parser.add_argument(
         "--compute-s", type=float, default=None, help="analytic pairs: dense trainer compute per tick (s)"
@@ -103,6 +111,7 @@ def _config(args: argparse.Namespace) -> NetmodelConfig:
         tokens_per_tick=args.tokens_per_tick,
         target_fraction=args.target_fraction,
         micro_batches=args.micro_batches,
+        gathers=args.gathers,
     )
 
 

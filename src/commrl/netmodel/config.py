@@ -3,7 +3,7 @@
 Keys: ``pair``; ``bytes`` (``runs``: bytes per tick from the runs' ``comm/*``, compute from their
 ``time/*``; ``analytic``: bytes of ``model`` and ``analytic`` as verl's engine counts them, compute from
 ``compute``); ``compressed`` (the condition compared with dense); ``layout`` (``stages``, ``dp``,
-``collective``, ``micro_batches``; ``points`` with ``bytes: runs``, derived from the model with
+``collective``, ``micro_batches``, ``gathers``; ``points`` with ``bytes: runs``, derived from the model with
 ``analytic``); ``passes`` (``bytes: runs`` only: the boundary traversals the runs' driver counts on a
 ``fast`` tick and on a ``fire`` tick, derived from the engine's passes with ``analytic``); ``element_bytes``
 (``bytes: runs`` only: ``grads``, the element size of the gradients the runs' ``comm/bytes_weights``
@@ -123,6 +123,7 @@ class NetmodelConfig:
         tokens_per_tick: int | None = None,
         target_fraction: float | None = None,
         micro_batches: int | None = None,
+        gathers: int | None = None,
     ) -> NetmodelConfig:
         """The same config with the given values replaced (validated again)."""
         layout = Layout(
@@ -131,6 +132,7 @@ class NetmodelConfig:
             self.layout.points,
             self.layout.collective if collective is None else collective,
             self.layout.micro_batches if micro_batches is None else micro_batches,
+            self.layout.gathers if gathers is None else gathers,
         )
         if (compute is not None or tokens_per_tick is not None) and self.source != "analytic":
             flag = "compute" if compute is not None else "tokens_per_tick"
@@ -218,7 +220,7 @@ def _build(data: dict, path: str) -> NetmodelConfig:
             "compressed", "compressed=dense is invalid: name the condition compared with dense"
         )
     layout_data = dict(_mapping(data["layout"], "layout"))
-    extra = sorted(set(layout_data) - {"stages", "dp", "points", "collective", "micro_batches"})
+    extra = sorted(set(layout_data) - {"stages", "dp", "points", "collective", "micro_batches", "gathers"})
     if extra:
         raise NetModelError(f"layout.{extra[0]}", f"unknown layout key(s) {', '.join(extra)}")
     interconnects = tuple(str(n) for n in data.get("interconnects", ()))

@@ -21,10 +21,13 @@ micro-batches per pass and replica:
 - weights: each stage reduces its own parameters' share across the ``D`` replicas, stages concurrently,
   so the largest stage's share sets the time (``links.COLLECTIVES``): ``allreduce`` (DDP) ring all-reduces
   the update; ``rs_ag`` (FSDP) reduce-scatters dense gradients, ring all-reduces compressed ones
-  (PowerSGD's factors), then all-gathers the parameters, dense, at their own element size: ``c P`` bytes,
-  ``P`` the tick's updates sent dense (the parameter count at the gradients' element size, per optimizer
-  step) and ``c = param_bytes / grad_bytes`` (FSDP's mixed-precision ``param_dtype`` over its
-  ``reduce_dtype``: bf16 over fp32, ``c = 1/2``, in verl's FSDP engine by default);
+  (PowerSGD's factors), and all-gathers the parameters, dense, at their own element size, ``g`` times a
+  tick: ``c P`` bytes each, ``P`` the tick's updates sent dense (the parameter count at the gradients'
+  element size, per optimizer step) and ``c = param_bytes / grad_bytes`` (FSDP's mixed-precision
+  ``param_dtype`` over its ``reduce_dtype``: bf16 over fp32, ``c = 1/2``, in verl's FSDP engine by
+  default); ``g = n m`` (``Layout.gathers`` None: FSDP's ``reshard_after_forward``, verl's default, gathers
+  them for every micro-batch of every traversal, the reference model's as the policy's), or as given. The
+  gathers are the same for dense and the method: they are what the method does not compress;
 - channels run one after the other (activations during the passes, the update after them).
 
 Compute time is an input, not modelled. ``train_s`` is the trainer's compute that communication can hide
@@ -92,15 +95,21 @@ def basis_time(nbytes: Value, layout: Layout, link: Link) -> Value:
 
 
 def weight_time(
-    share: Value, layout: Layout, link: Link, params: Value | None = None, param_scale: float = 1.0
+    share: Value,
+    layout: Layout,
+    link: Link,
+    params: Value | None = None,
+    param_scale: float = 1.0,
+    gathers: Value = 1,
 ) -> Value:
     """Weight update: the largest stage's share ``W_s`` of the update and ``P_s`` of the tick's updates
     sent dense (None: ``W_s``, a dense update; both at the gradients' element size) across the ``D``
     replicas (stages concurrently). ``allreduce`` (DDP): ``t = ring_allreduce(W_s, D)``. ``rs_ag`` (FSDP):
-    ``t = reduce_scatter(W_s, D) + all_gather(c P_s, D)`` for dense gradients (``W_s = P_s``),
-    ``t = ring_allreduce(W_s, D) + all_gather(c P_s, D)`` for a compressed update (``W_s < P_s``:
+    ``t = reduce_scatter(W_s, D) + g all_gather(c P_s, D)`` for dense gradients (``W_s = P_s``),
+    ``t = ring_allreduce(W_s, D) + g all_gather(c P_s, D)`` for a compressed update (``W_s < P_s``:
     PowerSGD's factors are all-reduced, the parameters gathered dense); ``c = param_scale``, the parameters'
-    element size over the gradients' (``param_bytes / grad_bytes``)."""
+    element size over the gradients' (``param_bytes / grad_bytes``), ``g = gathers``, the parameter
+    all-gathers of the tick."""
     if layout.collective == "allreduce":
         return ring_allreduce_time(share, layout.dp, link)
     params = share if params is None else params
@@ -109,7 +118,7 @@ def weight_time(
         ring_allreduce_time(share, layout.dp, link),
         reduce_scatter_time(share, layout.dp, link),
     )
-    return reduce + all_gather_time(param_scale * np.asarray(params), layout.dp, link)
+    return reduce + gathers * all_gather_time(param_scale * np.asarray(params), layout.dp, link)
 
 
 @dataclass(frozen=True)
@@ -166,15 +175,17 @@ class CommTime:
 def comm_time(nbytes: ChannelBytes, layout: Layout, link: Link) -> CommTime:
     """``t_comm = t_act + t_basis + t_weights`` (``activation_time``, ``basis_time``, ``weight_time`` of
     ``stage_weights``, else ``W / S``, and of ``stage_params``, else ``P / S``, else the weights', the
-    all-gather at ``param_scale``)."""
+    all-gathers at ``param_scale``, ``layout.gathers`` of them, else ``n m``: one per traversal and
+    micro-batch)."""
     share = nbytes.weights / layout.stages if nbytes.stage_weights is None else nbytes.stage_weights
     params = nbytes.stage_params
     if params is None and nbytes.params is not None:
         params = nbytes.params / layout.stages
+    gathers = nbytes.passes * layout.micro_batches if layout.gathers is None else layout.gathers
     return CommTime(
         activation_time(nbytes.activations, nbytes.passes, layout, link),
         basis_time(nbytes.basis, layout, link),
-        weight_time(share, layout, link, params, nbytes.param_scale),
+        weight_time(share, layout, link, params, nbytes.param_scale, gathers),
     )
 
 

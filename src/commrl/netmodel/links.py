@@ -157,19 +157,31 @@ class Layout:
     reduced, reduce-scatter for dense gradients and ring all-reduce for compressed ones, then the parameters
     all-gathered: ``COLLECTIVES``), and
         ``micro_batches``, the micro-batches ``m`` each replica's tokens of one pass are split into (the
-        pipeline's schedule: ``commrl.netmodel.cost.activation_time``)."""
+        pipeline's schedule: ``commrl.netmodel.cost.activation_time``), and ``gathers``, how many times
+        ``rs_ag`` all-gathers the parameters in a tick (None: once per traversal and micro-batch, ``n m``:
+        FSDP's ``reshard_after_forward``, verl's default and what the anchor needs, frees the parameters
+        after each micro-batch's forward and gathers them again for its backward and the next one; 1: kept
+        gathered through the tick, the least FSDP can send)."""
 
     stages: int
     dp: int
     points: int
     collective: str = "allreduce"
     micro_batches: int = 1
+    gathers: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("stages", "dp", "points", "micro_batches"):
             value = getattr(self, field)
             if not _integer(value) or value < 1:
                 raise invalid(f"layout.{field}", value, "must be an integer >= 1", "give a whole number")
+        if self.gathers is not None and (not _integer(self.gathers) or self.gathers < 1):
+            raise invalid(
+                "layout.gathers",
+                self.gathers,
+                "must be an integer >= 1 or null (once per traversal and micro-batch)",
+                "give a whole number, or null",
+            )
         if self.stages - 1 > self.points:
             raise invalid(
                 "layout.stages",
@@ -189,11 +201,16 @@ class Layout:
         return self.stages - 1
 
     def describe(self) -> str:
-        collective = (
-            "ring all-reduce (DDP)"
-            if self.collective == "allreduce"
-            else "reduce-scatter (compressed updates: all-reduce), then all-gather of the parameters (FSDP)"
-        )
+        if self.collective == "allreduce":
+            collective = "ring all-reduce (DDP)"
+        else:
+            times = (
+                "once per traversal and micro-batch" if self.gathers is None else f"{self.gathers}x a tick"
+            )
+            collective = (
+                "reduce-scatter (compressed updates: all-reduce), and all-gathers of the parameters, "
+                f"{times} (FSDP)"
+            )
         return (
             f"{self.stages} pipeline stages ({self.boundaries} boundaries of {self.points} compression "
             f"points), {self.micro_batches} micro-batch{'es' if self.micro_batches != 1 else ''} per pass "
