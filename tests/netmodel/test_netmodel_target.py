@@ -93,7 +93,8 @@ def test_target_reads_dense_at_the_read_tick_and_skips_a_nan():
 
 def test_evaluate_reports_seeds_that_never_reach_and_intervals_over_those_that_do():
     """Dense: two seeds reach 0.95 x 0.8 = 0.76 at step 20 (1 s compute + 1 s comm per tick, no overlap:
-    40 s). The method: seed 0 at step 10 (1.1 s compute + 0.1 s comm: 12 s), seed 1 never."""
+    40 s). The method: seed 0 at step 10 (1.1 s compute + 0.1 s comm: 12 s), seed 1 never, so no speed-up
+    to target; with seed 1 reaching it at step 20 (24 s), 40 s over their mean."""
     dense_val = {"0": val((0, 0.2), (10, 0.5), (20, 0.8)), "1": val((0, 0.2), (10, 0.5), (20, 0.8))}
     method_val = {"0": val((0, 0.2), (10, 0.77), (20, 0.8)), "1": val((0, 0.2), (10, 0.3), (20, 0.4))}
     pi = hand_built(20, dense_val, method_val)
@@ -107,7 +108,13 @@ def test_evaluate_reports_seeds_that_never_reach_and_intervals_over_those_that_d
     assert interval.estimate == pytest.approx(40.0) and interval.low == interval.high  # zero spread
     assert row.target["method"].interval().n == 1  # one seed reached it: no interval
     assert row.tick_speedup.estimate == pytest.approx(2.0 / 1.2)
-    assert any("method seed(s) 1 never reach val/acc >= 0.76" in n for n in result.notes)
+    # no speed-up to target: 40 / 12 over the one method seed that reached it would read 3.3x
+    assert row.target_speedup is None
+    note = next(n for n in result.notes if "method seed(s) 1 never reach val/acc >= 0.76" in n)
+    assert "no speed-up to target" in note
+    reached = {"0": val((0, 0.2), (10, 0.77), (20, 0.8)), "1": val((0, 0.2), (10, 0.5), (20, 0.8))}
+    both = next(r for r in evaluate(hand_built(20, dense_val, reached), [LINK], Sweep(), 0.95).rows)
+    assert both.target_speedup.estimate == pytest.approx(40.0 / ((12.0 + 24.0) / 2))  # every seed reached
 
 
 def test_seconds_interval_is_cut_at_zero_keeping_the_t_interval_above_it():
