@@ -242,6 +242,35 @@ def test_prf_masks_of_old_and_training_passes_agree(cpu_verl, tiny_model_dir, me
     assert metrics["actor/pg_clipfrac"] == [0.0, 0.0]
 
 
+def test_each_data_parallel_rank_keys_its_prf_masks_by_its_own_micro_batches(
+    cpu_verl, tiny_model_dir, method, monkeypatch
+):
+    """method.md §2 keys a PRF mask by micro-batch: rank r of D numbers its j-th micro-batch of a pass
+    j D + r, so two ranks never draw the same masks (they did: each counted from 0); one rank keeps j. The
+    old-log-prob pass and the training pass of a tick use the same keys (their masks agree)."""
+    cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir, extra=("actor_rollout_ref.actor.optim.lr=0.0",))
+    method(codec="prf_mask", anchor=False)
+    worker = cpu_verl.build_worker(cfg, "actor", "commrl")
+    engine, batch = cpu_verl.engine_of(worker), cpu_verl.training_batch(worker)
+    keys: list[int] = []
+    compressed = engine.controller.compressed
+
+    def spy(microbatch_id=0, **kwargs):
+        keys.append(microbatch_id)
+        return compressed(microbatch_id=microbatch_id, **kwargs)
+
+    monkeypatch.setattr(engine.controller, "compressed", spy)
+    cpu_verl.run_ticks(worker, batch, 1, HALF)
+    one_rank = list(keys)
+    assert one_rank and sorted(set(one_rank)) == list(range(len(set(one_rank))))
+    keys.clear()
+    monkeypatch.setattr(type(engine), "get_data_parallel_size", lambda self: 2)
+    monkeypatch.setattr(type(engine), "get_data_parallel_rank", lambda self: 1)
+    metrics = cpu_verl.run_ticks(worker, batch, 1, HALF)[0]
+    assert keys == [2 * j + 1 for j in one_rank]
+    assert set(metrics["actor/ppo_kl"]) == {0.0}  # lr 0: the training pass saw the old pass's masks
+
+
 def test_anchor_off_calibrates_the_basis_once(cpu_verl, tiny_model_dir, method):
     """anchor_off: tick 0 refreshes Q from a dense sketch, later ticks keep it; no fire, no dense memory."""
     cfg = cpu_verl.actor_rollout_ref_config(tiny_model_dir)

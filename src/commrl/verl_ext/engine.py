@@ -400,16 +400,24 @@ class TwoCircuitEngineMixin:
         if self._pass in (None, "replay", "sketch"):
             return nullcontext()
         if self._ref_points is not None:
-            j, self._microbatch = self._microbatch, self._microbatch + 1
-            return self._ref_points.session(j, token_mask(self, micro_batch))
+            return self._ref_points.session(self._next_microbatch(), token_mask(self, micro_batch))
         if self.controller is None:
             return nullcontext()
         if self._pass == "dense":
             return self.controller.dense(token_mask=token_mask(self, micro_batch))
-        j, self._microbatch = self._microbatch, self._microbatch + 1
         return self.controller.compressed(
-            microbatch_id=j, token_mask=token_mask(self, micro_batch), counted=self._pass != "readout"
+            microbatch_id=self._next_microbatch(),
+            token_mask=token_mask(self, micro_batch),
+            counted=self._pass != "readout",
         )
+
+    def _next_microbatch(self) -> int:
+        """The pass's next micro-batch as the PRF masks' key: ``j D + r`` for this rank's ``j``-th of the
+        pass on data-parallel rank ``r`` of ``D``, so that no two ranks draw the same masks (method.md §2
+        keys them by micro-batch, and each rank's are other micro-batches); one rank keeps ``j``, as the
+        local driver numbers them."""
+        j, self._microbatch = self._microbatch, self._microbatch + 1
+        return j * self.get_data_parallel_size() + self.get_data_parallel_rank()
 
     # -- one mini-batch = one optimizer step ---------------------------------------------------------------
     def train_batch(self, data, loss_function):
