@@ -15,7 +15,9 @@ instead of ``rows * (P + R)``; the attention itself is two small batched ``sdpa`
 responses against their prompt) gathered from and scattered back to the packed axis.
 
 The result is the padded layout's, up to float summation order: the same logits at every response position,
-and (autograd through the gathers) the same gradients, a prompt's being the sum over its completions.
+and (autograd through the gathers) the same gradients, a prompt's being the sum over its completions. Under
+attention dropout (the ``dropout`` condition) it is not: a group's completions share one dropout draw over
+their prompt's tokens, where the padded layout (and verl) draws one per row.
 
 The attention is registered with transformers' ``AttentionInterface`` as ``shared_prefix``; a forward
 without a ``prefix_pack`` argument runs plain ``sdpa`` with the usual mask, so ``generate`` and padded

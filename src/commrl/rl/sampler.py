@@ -200,7 +200,8 @@ class HFSampler(Sampler):
 
 
 # torch's CPU matrix product gives a row the same bits in any batch of 4 rows or more, and other bits below
-# (measured on AVX-512, AVX2 and SSE kernels): the decoding batch never shrinks under 8.
+# (measured with its AVX and SSE kernels on a CPU without AVX2; tests/rl/test_sampler.py checks it against
+# ``generate`` on the machine it runs on): the decoding batch never shrinks under 8.
 MIN_DECODING_ROWS = 8
 
 
