@@ -99,3 +99,28 @@ def test_a_selected_run_missing_from_the_store_stops_the_report(store, tmp_path)
     only = RunSelection.from_paths([*files, gone])
     with pytest.raises(ReportInputError, match=r"not in the MLflow store: .*gone/summary.json names 0123"):
         build_report(["P"], tmp_path / "report", tracking_uri=uri, only=only)
+
+
+def test_a_sweep_summary_selects_its_own_parent_run_not_an_older_study_of_the_same_name(store, tmp_path):
+    """A study started again under its name (its storage and trials removed, as ``sweep init`` says to) in
+    the same MLflow store leaves the old parent run there: the summary names its parent run, so the report
+    reads that one alone; a summary that names only the study (written before) still selects by name."""
+    uri, files, _, _ = store
+    client = tracking.client(uri)
+    exp = tracking.ensure_experiment(tracking.experiment_name("P"), uri, client)
+    parents = []
+    for _ in range(2):
+        run = client.create_run(exp, run_name="sweep/again", tags={"kind": "sweep", "optuna.study": "again"})
+        client.set_terminated(run.info.run_id, "FINISHED")
+        parents.append(run.info.run_id)
+    summary = tmp_path / "again" / "summary"
+    summary.mkdir(parents=True)
+    best = {"study": "again", "pair": "P", "mlflow_parent_run_id": parents[1]}
+    (summary / "best_params.json").write_text(json.dumps(best))
+    selected = load_pair("P", uri, RunSelection.from_paths([*files, summary]))
+    assert sorted(s.run_id for s in selected.sweeps if s.study == "again") == [parents[1]]
+    assert sorted(s.study for s in selected.sweeps) == ["P-study", "again"]
+    best.pop("mlflow_parent_run_id")
+    (summary / "best_params.json").write_text(json.dumps(best))
+    by_name = load_pair("P", uri, RunSelection.from_paths([*files, summary]))
+    assert sorted(s.run_id for s in by_name.sweeps if s.study == "again") == sorted(parents)

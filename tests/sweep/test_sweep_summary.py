@@ -46,6 +46,7 @@ def test_summary_writes_every_file_and_logs_them(env, tmp_path, sweep_dict, writ
     best = json.loads((out / "best_params.json").read_text())
     assert best["best_value"] == study.best_value and best["best_params"] == study.best_params
     assert best["best_params"] == cfg.defaults  # the fake accuracy peaks at the defaults
+    assert best["mlflow_parent_run_id"] == study.user_attrs["mlflow_parent_run_id"]  # what the report selects
     trials = pd.read_csv(out / "trials.csv")
     assert list(trials["number"]) == list(range(6))
     assert {

@@ -80,7 +80,7 @@ def build_report(
         only.check_found(
             (r.run_id for p in loaded for r in p.train),
             (e.run_id for p in loaded for e in p.evals),
-            (s.study for p in loaded for s in p.sweeps if s.study),
+            (name for p in loaded for s in p.sweeps for name in (s.run_id, s.study) if name),
         )
     thresholds = thresholds or ClaimThresholds()
     client = tracking.client(uri)

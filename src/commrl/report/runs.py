@@ -313,7 +313,7 @@ def _load_sweeps(client, exp_id: str, pair: str, notes: list[str], only: RunSele
     left_out = 0
     for run in _search(client, exp_id, "tags.kind = 'sweep'"):
         run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
-        if only is not None and tags.get(STUDY_TAG) not in only.studies:
+        if only is not None and not {run_id, tags.get(STUDY_TAG)} & only.studies:
             left_out += 1
             continue
         direction = (tags.get("direction") or params.get("direction") or "maximize").lower()

@@ -24,7 +24,8 @@ BEST_PARAMS = "best_params.json"
 
 @dataclass(frozen=True)
 class RunSelection:
-    """MLflow run ids of training and evaluation runs, and sweep study names; ``sources`` maps each to the
+    """MLflow run ids of training and evaluation runs, and of sweeps' parent runs (a study name where an
+    older summary named no parent: every parent of that study then matches); ``sources`` maps each to the
     file that named it (for error messages)."""
 
     train: frozenset[str]
@@ -58,8 +59,9 @@ class RunSelection:
 def _named(path: Path) -> tuple[str, str]:
     """``(kind, run id or study)`` of one ``--only`` path."""
     if path.is_dir():
-        if (path / BEST_PARAMS).is_file():
-            return "sweep", _field(path / BEST_PARAMS, _json(path / BEST_PARAMS), "study")
+        if (path / BEST_PARAMS).is_file():  # its parent run (a summary written before it had one: the study)
+            best = _json(path / BEST_PARAMS)
+            return "sweep", best.get("mlflow_parent_run_id") or _field(path / BEST_PARAMS, best, "study")
         if (path / SUMMARY_FILE).is_file():
             return "train", _train_run_id(path / SUMMARY_FILE, _json(path / SUMMARY_FILE))
     elif path.is_file():

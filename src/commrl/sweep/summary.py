@@ -145,6 +145,7 @@ def summarize(cfg: SweepConfig, study_name: str, out: str | Path) -> dict[str, A
     counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
     best_info: dict[str, Any] = {
         "study": study_name,
+        "mlflow_parent_run_id": study.user_attrs[PARENT_ATTR],
         "pair": cfg.pair,
         "condition": cfg.condition,
         "objective": f"val/acc at tick {cfg.read_at} (maximised)",
