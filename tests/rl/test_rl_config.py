@@ -104,6 +104,14 @@ def test_a_stale_sampler_on_the_trainers_codec_is_refused():
     assert load_train_config(["condition=method_same_sampler"]).sampler.codec == "same"
 
 
+def test_a_sampler_on_a_prf_mask_codec_is_refused():
+    """The sampler's PRF masks have no per-step key: every decoding step of a tick would draw one mask."""
+    with pytest.raises(
+        ConfigError, match=r"sampler\.codec=same with method\.codec=prf_mask is not supported"
+    ):
+        load_train_config(["condition=prf_mask", "sampler.codec=same"])
+
+
 def test_method_values_are_checked_by_the_method_config():
     raw = compose_train_config(["method.alpha=1.5"])
     with pytest.raises(ConfigError, match="alpha"):

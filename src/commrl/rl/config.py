@@ -211,7 +211,13 @@ class TrainConfig:
                 "history keeps the weights of each tick but not the codec's bases, so a stale sampler would "
                 "run the live codec on old weights; set rl.staleness=0 or sampler.codec=none"
             )
-        self.method_config()
+        method = self.method_config()
+        if self.sampler.codec == "same" and method.codec == "prf_mask":
+            raise ConfigError(
+                "sampler.codec=same with method.codec=prf_mask is not supported: the sampler's masks are "
+                "keyed by tick and compression point alone, so every decoding step of a tick would draw the "
+                "same mask; set sampler.codec=none (the note's fix concerns the low-rank codec)"
+            )
 
     def method_config(self, hidden_size: int | None = None):
         """The validated ``MethodConfig`` of this run (``hidden_size`` checks rank < hidden)."""
