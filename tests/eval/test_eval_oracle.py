@@ -13,6 +13,7 @@ import pytest
 from eval_oracle import OracleLM
 
 from commrl import tracking
+from commrl.errors import ConfigError
 from commrl.eval import evaluate_checkpoint
 
 
@@ -149,3 +150,32 @@ def test_metrics_and_problem_counts():
     }
     assert extract_metrics(results, "commrl_math500") == {"acc": 0.25}
     assert effective_docs(results, "commrl_math500") == 6
+
+
+def test_data_parallel_engines_are_refused_for_sampled_benchmarks(tmp_path, toy_jsonl, mlflow_uri):
+    """lm-eval seeds every data-parallel vLLM engine alike and deals a problem's k repeats to them alike:
+    they would draw the same samples, so avg@k with data_parallel_size > 1 is refused; greedy runs."""
+    two = {"data_parallel_size": 2}
+    with pytest.raises(ConfigError, match=r"eval\.data_parallel_size=2 with sampled benchmarks \(toy_avg8\)"):
+        _evaluate(tmp_path, "toy_avg8", toy_jsonl, mlflow_uri, OracleLM(), settings_overrides=two)
+    summary = _evaluate(tmp_path, "toy_greedy", toy_jsonl, mlflow_uri, OracleLM(), settings_overrides=two)
+    assert summary["metrics"]["acc"] == 1.0
+
+
+def test_several_sampled_benchmarks_in_one_gpu_job_are_refused(tmp_path, monkeypatch):
+    """On a GPU vLLM samples in an engine process of its own, which lm-eval's reseed before each benchmark
+    does not reach: a second sampled benchmark in the job would draw other samples than alone. Refused
+    before any model loads (no GPU here: ``on_cpu`` says otherwise); in-process engines pass the check."""
+    from commrl.eval.benchmarks import get_benchmark
+    from commrl.eval.runner import _check_reseeding, evaluate_benchmarks
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    monkeypatch.setattr("commrl.rl.vllm_env.on_cpu", lambda: False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    both = ["commrl_aime24", "commrl_aime25"]
+    refused = r"sampled benchmarks commrl_aime24, commrl_aime25 in one job on a GPU"
+    with pytest.raises(ConfigError, match=refused):
+        evaluate_benchmarks(tmp_path / "ckpt", both, backend="vllm")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    _check_reseeding([get_benchmark(n) for n in both], "vllm")  # the engine in this process: reseeded

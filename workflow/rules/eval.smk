@@ -7,7 +7,9 @@
 # (one job per checkpoint and benchmark: a failure costs one benchmark; the cluster pairs) or `checkpoint`
 # (one job evaluates every benchmark of the pair with one model: one vLLM import and engine build instead of
 # one per benchmark, the tiny pair's; a failed job reruns its benchmarks). A benchmark's files, summary and
-# MLflow run are the same either way (lm-eval reseeds before each benchmark: tests/eval/test_eval_cli.py).
+# MLflow run are the same either way (lm-eval reseeds before each benchmark: tests/eval/test_eval_cli.py;
+# on GPUs vLLM samples in its own process, which the reseed does not reach: `commrl eval` refuses several
+# sampled benchmarks in one GPU job).
 
 for pair in config["pairs"]:
     per_checkpoint = eval_per_checkpoint(pair)

@@ -27,7 +27,7 @@ from commrl import tracking
 from commrl.errors import ConfigError
 from commrl.eval import mlflow_log, overlong
 from commrl.eval.atomic import write_lines_atomic, write_text_atomic
-from commrl.eval.benchmarks import MC, Benchmark, get_benchmark
+from commrl.eval.benchmarks import AVG_K, MC, Benchmark, get_benchmark
 from commrl.eval.errors import EvalError, TrainingRunError
 from commrl.eval.lmeval_task import write_task_dir
 from commrl.eval.pairs import PairSettings, pair_settings
@@ -250,7 +250,9 @@ def evaluate_benchmarks(
 
     The model is built once (one vLLM import and engine build instead of one per benchmark); each benchmark
     is then exactly what ``evaluate_checkpoint`` does for it alone: lm-eval reseeds Python, NumPy and torch
-    before each (``SEEDS``), and its files, summary and MLflow run are its own. ``outs`` and ``data`` map a
+    before each (``SEEDS``; on GPUs that reaches vLLM's sampler only with its engine in this process, so
+    several sampled benchmarks in one GPU job are refused: ``_check_reseeding``), and its files, summary and
+    MLflow run are its own. ``outs`` and ``data`` map a
     benchmark to its ``out`` and ``data``; ``options`` are ``evaluate_checkpoint``'s other keywords.
     """
     if not benchmarks:
@@ -262,6 +264,7 @@ def evaluate_benchmarks(
         return [evaluate_checkpoint(checkpoint, name, backend, out, data=problems, **options)]
     chosen = [get_benchmark(name) for name in benchmarks]
     ckpt = _checked_request(checkpoint, backend, options.get("limit"), loads_model=True)
+    _check_reseeding(chosen, backend)
     *_, settings = _resolved_settings(
         chosen,
         options.get("pair"),
@@ -281,6 +284,26 @@ def evaluate_benchmarks(
     ]
 
 
+def _check_reseeding(benchmarks: list[Benchmark], backend: str) -> None:
+    """``ConfigError`` when lm-eval's reseed before each benchmark would not reach vLLM's sampler: on GPUs
+    vLLM samples in an engine process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING``, default on; on a CPU
+    commrl runs it in this process), seeded once at its start, so a sampled benchmark after another would
+    draw other samples than in a job of its own (greedy ones draw none)."""
+    import os
+
+    from commrl.rl.vllm_env import on_cpu
+
+    sampled = [b.name for b in benchmarks if b.kind == AVG_K]
+    in_process = on_cpu() or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+    if backend == "vllm" and len(sampled) > 1 and not in_process:
+        raise ConfigError(
+            f"sampled benchmarks {', '.join(sampled)} in one job on a GPU: vLLM samples in its own engine "
+            "process, which lm-eval's reseed before each benchmark does not reach, so each after the first "
+            "would draw other samples than in a job of its own; evaluate them one per job "
+            "(eval.job_per: benchmark), or export VLLM_ENABLE_V1_MULTIPROCESSING=0"
+        )
+
+
 def _resolved_settings(
     benchmarks: list[Benchmark],
     pair: str | None,
@@ -296,6 +319,14 @@ def _resolved_settings(
     parent = mlflow_log.training_run(run_id, uri) if (run_id and log_to_mlflow) else None
     pair = _resolve_pair(pair, parent, benchmarks)
     settings = pair_settings(pair, config, **{**(settings_overrides or {}), "max_gen_toks": max_gen_toks})
+    sampled = [b.name for b in benchmarks if b.kind == AVG_K]
+    if settings.data_parallel_size > 1 and sampled:
+        raise ConfigError(
+            f"eval.data_parallel_size={settings.data_parallel_size} with sampled benchmarks "
+            f"({', '.join(sampled)}) is not supported: lm-eval gives every data-parallel engine the same "
+            "seed and deals a problem's k repeats to them alike, so they draw the same samples (avg@k of "
+            "k/D distinct ones); set data_parallel_size: 1 for them"
+        )
     return uri, parent, pair, settings
 
 
