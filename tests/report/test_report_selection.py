@@ -124,3 +124,19 @@ def test_a_sweep_summary_selects_its_own_parent_run_not_an_older_study_of_the_sa
     (summary / "best_params.json").write_text(json.dumps(best))
     by_name = load_pair("P", uri, RunSelection.from_paths([*files, summary]))
     assert sorted(s.run_id for s in by_name.sweeps if s.study == "again") == sorted(parents)
+
+
+def test_an_evaluation_on_a_limit_of_problems_does_not_stand_in_for_the_full_one(store, tmp_path):
+    """``commrl eval --limit 5`` (a smoke test) after the pipeline's evaluation of the same run: a report
+    without ``--only`` keeps the newest evaluation per run and benchmark, so it would read 5 problems; an
+    evaluation with a limit is left out, with a note."""
+    uri, _, _, theirs = store
+    client = tracking.client(uri)
+    exp = tracking.ensure_experiment(tracking.experiment_name("P"), uri, client)
+    full = client.get_run(load_pair("P", uri).evals[0].run_id)
+    client.log_param(full.info.run_id, "limit", "None")
+    smoke = _eval(client, exp, theirs, 0.0, tmp_path / "smoke.json")
+    client.log_param(json.loads(smoke.read_text())["mlflow_run_id"], "limit", "5")
+    loaded = load_pair("P", uri)
+    assert [(e.training_run_id, e.metrics) for e in loaded.evals] == [(theirs, {"acc": 0.9})]
+    assert any("dropped: it read 5 problems a task (--limit)" in n for n in loaded.notes)

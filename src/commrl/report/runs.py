@@ -298,6 +298,10 @@ def _load_evals(
         if not benchmark:
             notes.append(f"{pair}: evaluation {name} dropped: no benchmark tag")
             continue
+        limit = run.data.params.get("limit", "None")
+        if limit not in ("None", ""):
+            notes.append(f"{pair}: evaluation {name} dropped: it read {limit} problems a task (--limit)")
+            continue
         if (parent, benchmark) in seen:
             continue
         seen.add((parent, benchmark))
