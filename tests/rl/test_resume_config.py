@@ -154,6 +154,7 @@ def test_a_kill_between_mlflow_transactions_never_loses_a_ticks_metrics(tmp_path
     run_id = client.create_run(client.create_experiment("x")).info.run_id
     trainer = LocalTrainer.__new__(LocalTrainer)
     trainer.run_id, trainer.tracking_uri, trainer.out = run_id, uri, tmp_path
+    trainer._resumed_from = 2  # both ticks in the checkpoint the resume starts from
     tick = {SENTINEL_METRIC: 1.0, **{f"m{i:03d}": float(i) for i in range(598)}, "val/acc": 0.5}
     trainer.pending = [(1, dict(tick)), (2, dict(tick))]
     real, calls = SqlAlchemyStore.log_batch, []

@@ -408,6 +408,57 @@ def test_an_error_mid_run_marks_the_mlflow_run_failed_and_paths_are_absolute(
     assert summary.read == summary.final
 
 
+def test_a_retry_after_a_crash_past_the_last_checkpoint_logs_its_own_ticks(tmp_path, toy_data, small_model):
+    """A crash after tick 3 (the last checkpoint at 2) flushes tick 3 as that attempt computed it; the retry
+    resumes at 2 and trains tick 3 again. On another CPU, thread count or sampler the retry's tick 3 is not
+    the crashed one's (here marked by hand): the table holds the retry's, MLflow's newest value is it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "run"
+    cfg = load_train_config(overrides(small_model, toy_data, out, uri, "condition=dense"))
+
+    class Crashing(LocalTrainer):
+        def _tick(self, tick):
+            if tick == 3:
+                raise RuntimeError("node lost")
+            metrics = super()._tick(tick)
+            return metrics | {"score/mean": 100.0} if tick == 2 else metrics
+
+    crashed = Crashing(cfg)
+    with pytest.raises(RuntimeError, match="node lost"):
+        crashed.train()
+    table = out / "metrics.jsonl"
+    before = {r["step"]: r for r in map(json.loads, table.read_text().splitlines())}
+    assert sorted(before) == [0, 1, 2, 3] and before[3]["score/mean"] == 100.0
+    LocalTrainer(cfg).train()
+    rows = {r["step"]: r for r in map(json.loads, table.read_text().splitlines())}
+    assert sorted(rows) == [0, 1, 2, 3, 4] and rows[3]["score/mean"] != 100.0
+    history = tracking.client(uri).get_metric_history(crashed.run_id, "score/mean")
+    at_3 = sorted((m for m in history if m.step == 3), key=lambda m: m.timestamp)
+    assert at_3[0].value == 100.0 and at_3[-1].value == rows[3]["score/mean"]
+
+
+def test_a_failure_writing_the_final_model_ends_the_mlflow_run_failed(tmp_path, toy_data, small_model):
+    """After the last tick the final model is exported (a full disk can fail it): the MLflow run ends
+    FAILED with the error, not RUNNING; a rerun trains nothing more and finishes it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_train_config(overrides(small_model, toy_data, tmp_path / "run", uri, "condition=dense"))
+
+    class DiskFull(LocalTrainer):
+        def _save_hf(self, target):
+            if target.name == "final":
+                raise OSError(28, "No space left on device")
+            return super()._save_hf(target)
+
+    trainer = DiskFull(cfg)
+    with pytest.raises(OSError, match="No space left"):
+        trainer.train()
+    run = tracking.client(uri).get_run(trainer.run_id)
+    assert run.info.status == "FAILED" and "No space left on device" in run.data.tags["failure"]
+    summary = LocalTrainer(cfg).train()
+    assert summary.mlflow_run_id == trainer.run_id and summary.ticks_trained == 4
+    assert tracking.client(uri).get_run(trainer.run_id).info.status == "FINISHED"
+
+
 def test_val_acc_reads_the_weights_without_the_samplers_codec(tmp_path, toy_data):
     """``sampler.codec: same``: ``val/acc`` is the live weights' greedy accuracy as in every condition (at
     tick 0 the base model's, equal to the method's), and ``val/acc_sampler_codec`` the same through the

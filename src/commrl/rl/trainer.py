@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from commrl import tracking
 from commrl.errors import ConfigError
+from commrl.eval.atomic import write_lines_atomic
 from commrl.rl import correction, grpo
 from commrl.rl.batch import RolloutBatch, build_batch, micro_batches
 from commrl.rl.checkpoint import CheckpointStore
@@ -118,6 +119,7 @@ class LocalTrainer:
         self.monitor = CollapseMonitor(cfg.health)
         self.timer = PhaseTimer()
         self._step = 0
+        self._resumed_from = 0  # the tick the run (re)started from: later ticks are this attempt's own
         self.weights = WeightHistory(cfg.rl.staleness)
         self._version = 0  # the live weights' version: ticks trained (commrl.rl.staleness)
         self._sampler_version: int | None = None  # the version the sampler holds
@@ -237,10 +239,14 @@ class LocalTrainer:
         MLflow writes a batch of more than 1000 metrics in several transactions, so each tick's sentinel
         (``SENTINEL_METRIC``, which a resume reads as "this tick is in MLflow") is its last metric: a kill
         between two transactions can then leave a tick half written, sent again whole on the resume, but
-        never marked as sent with some of its metrics (a validation) missing."""
+        never marked as sent with some of its metrics (a validation) missing.
+
+        Ticks after the one the run resumed from are this attempt's: an earlier attempt that crashed after
+        its last checkpoint flushed its own values of them, which MLflow keeps beside these (the newest
+        wins, as the report reads it) and the table dropped at the resume (``_drop_table_rows_after``)."""
         if self.run_id:
             logged = self._last_mlflow_step()
-            fresh = [(s, m) for s, m in self.pending if s > logged]
+            fresh = [(s, m) for s, m in self.pending if s > logged or s > self._resumed_from]
             if fresh:
                 logger = tracking.MetricLogger(self.run_id, self.tracking_uri, flush_every=10**9)
                 for step, metrics in fresh:
@@ -271,6 +277,17 @@ class LocalTrainer:
             os.truncate(table, complete)
         lines = data[:complete].decode().splitlines()
         return max((json.loads(line)["step"] for line in lines if line.strip()), default=-1)
+
+    def _drop_table_rows_after(self, tick: int) -> None:
+        """Cut the metrics table's rows past ``tick``, the checkpoint a run resumes from: an attempt that
+        crashed after it wrote them from a trajectory this one retrains (not the same one on another CPU,
+        thread count or sampler)."""
+        table = self.out / "metrics.jsonl"
+        if self._last_table_step() <= tick:
+            return
+        lines = table.read_text().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= tick]
+        write_lines_atomic(table, (line + "\n" for line in kept))
 
     def _append_metrics_table(self, rows: list[tuple[int, dict[str, float]]]) -> None:
         if not rows:
@@ -584,12 +601,12 @@ class LocalTrainer:
                 # restored (the loop below exports it only on reaching the read tick)
                 with self.timer.phase("checkpoint"):
                     self._save_hf(read_dir)
-        self._version = start
+        self._version, self._resumed_from = start, start
+        self._drop_table_rows_after(start)
         if start == 0:
             self.weights.record(0, self.model)
         with self.timer.phase("tracking"):
             self._start_tracking(resumed_run)
-        self._sync_sampler(self._version)
         stopped: str | None = None
         status = "FINISHED"
         ticks = cfg.rl.ticks
@@ -602,6 +619,7 @@ class LocalTrainer:
         )
         tick = start
         try:
+            self._sync_sampler(self._version)
             if start == 0 and 0 not in self.val_acc:
                 val = self._validate(0)
                 self.pending.append((0, val))
@@ -652,10 +670,14 @@ class LocalTrainer:
         finally:
             bar.close()
             self.sampler.close()
-        if self.pending:  # resumed from the last checkpoint of a run killed before it flushed
-            self._flush_metrics()
-        with self.timer.phase("checkpoint"):
-            final = str(self._save_hf(self.out / FINAL_DIR))
+        try:  # a full disk here, too, leaves the MLflow run FAILED, not RUNNING
+            if self.pending:  # resumed from the last checkpoint of a run killed before it flushed
+                self._flush_metrics()
+            with self.timer.phase("checkpoint"):
+                final = str(self._save_hf(self.out / FINAL_DIR))
+        except BaseException as err:
+            self._finish_run("FAILED", {"failure": repr(err)})
+            raise
         summary = RunSummary(
             pair=cfg.pair,
             condition=cfg.condition,
