@@ -4,11 +4,13 @@ older checkpoint resumes with a warning."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from rl_helpers import overrides
+from safetensors.torch import load_file, save_file
 
 from commrl import tracking
 from commrl.cli.main import main
@@ -172,3 +174,19 @@ def test_a_kill_between_mlflow_transactions_never_loses_a_ticks_metrics(tmp_path
     trainer._send_pending()  # the resume: the pending ticks come back from the checkpoint
     for key in (SENTINEL_METRIC, "val/acc", "m000"):
         assert sorted({m.step for m in client.get_metric_history(run_id, key)}) == [1, 2], key
+
+
+def test_a_base_policy_rebuilt_in_place_refuses_the_resume(tmp_path, toy_data, small_model, capsys):
+    """The base policy pretrained again under the same path (``pretrain.shipped`` dropped: a new base) is
+    another input: a finished run would otherwise resume, train nothing and republish the old run."""
+    base = tmp_path / "base"
+    shutil.copytree(small_model, base)
+    args = overrides(base, toy_data, tmp_path / "run", "", "condition=dense", "tracking.enabled=false")
+    LocalTrainer(load_train_config(args)).train()
+    assert Counting(load_train_config(args)).train().ticks_trained == 4  # the same base: nothing to do
+    weights = load_file(base / "model.safetensors")
+    save_file({k: v + 1e-3 for k, v in weights.items()}, base / "model.safetensors")
+    capsys.readouterr()
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert "under another config" in err and "model.digest: '" in err

@@ -228,13 +228,24 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def resolved(self) -> dict[str, Any]:
+    def resolved(self, digests: bool = True) -> dict[str, Any]:
         """What the run computes with (``commrl.run.fingerprint``): the config, its method resolved (defaults
-        included), its model and data folders absolute."""
+        included), its model and data folders absolute and, with ``digests``, what they hold
+        (``model.digest``: its weights and config; ``data.digest``: the train and validation files; a
+        folder not built yet has none)."""
+        from commrl.run.fingerprint import content_digest
+
         values = self.to_dict()
         values["method"] = self.method_config().to_dict()
         values["model"]["path"] = os.path.abspath(self.model.path)
         values["data"]["dir"] = os.path.abspath(self.data.dir)
+        if digests:
+            model, data = Path(self.model.path), Path(self.data.dir)
+            weights = [*model.glob("*.safetensors"), *model.glob("*.bin"), model / "config.json"]
+            splits = [data / self.data.train_file, data / self.data.val_file]
+            for part, files in (("model", weights), ("data", splits)):
+                if (digest := content_digest(files)) is not None:
+                    values[part]["digest"] = digest
         return values
 
     @property

@@ -32,6 +32,10 @@ the old behaviour at its default; the warning names each key so that a non-defau
 one side has where the other has a key above or below it is refused as a changed setting: a value turned into
 a mapping or back (``override_config: {}`` filled, ``kl_ctrl`` set to ``null``).
 
+The local driver also records what its model and data folders hold (``model.digest``, ``data.digest``:
+``content_digest`` of the weights and config, and of the train and validation files), so a base policy or
+dataset rebuilt in place under the same path refuses the resume instead of republishing the old run.
+
 The run's length and read point are recorded but may move forward: ``rl.ticks`` (verl:
 ``trainer.total_training_steps``) may grow, extending a run, finished or not, but not fall below the
 checkpoint's tick; ``rl.read_at`` (verl: ``read_at``) may move to a tick after the checkpoint's (its model is
@@ -40,6 +44,7 @@ saved when training reaches it), not to one the run has already passed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -90,6 +95,21 @@ EXEMPT = (
 TICKS_KEYS = ("rl.ticks", "verl.trainer.total_training_steps")  # may grow, not below the checkpoint
 READ_AT_KEYS = ("rl.read_at", "read_at")  # may move past the checkpoint
 _UNSET = object()
+
+
+def content_digest(files: Sequence[Path]) -> str | None:
+    """sha256 over the names and bytes of ``files`` that exist, in sorted order (None when none does): what
+    a model or data folder holds, so that one rebuilt in place under the same path is another input."""
+    present = sorted(Path(f) for f in files if Path(f).is_file())
+    if not present:
+        return None
+    digest = hashlib.sha256()
+    for path in present:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def exempt(key: str) -> bool:

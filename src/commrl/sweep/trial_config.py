@@ -116,7 +116,9 @@ def trial_config(cfg: SweepConfig, point: dict[str, Any]) -> dict[str, Any]:
         return fingerprint.of(resolved_config(run, verl_cfg))
     from commrl.rl.config import load_train_config
 
-    return fingerprint.of(load_train_config(local_overrides(cfg, point, unused)).resolved())
+    # the folders' contents are each trial's own check (its checkpoints record them); a study may be
+    # created before the base policy is built
+    return fingerprint.of(load_train_config(local_overrides(cfg, point, unused)).resolved(digests=False))
 
 
 def check_trials(cfg: SweepConfig) -> None:
