@@ -90,6 +90,7 @@ def test_a_condition_the_local_driver_cannot_run_is_rejected_with_the_reason(tmp
         ("sampler.gpu_memory_utilization=7", "sampler.gpu_memory_utilization"),
         ("threads=-2", "threads=-2 is out of range"),
         ("rl.rollout_correction.loss_type=reinforce", "loss_type='reinforce' is invalid with rl.behaviour"),
+        ("rl.read_at=15", "rl.read_at=15 is invalid with rl.val_every=10"),
     ],
 )
 def test_bad_values_name_the_field(override, field):

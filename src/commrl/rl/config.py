@@ -126,6 +126,14 @@ class RLConfig:
             ),
         )
         _range("rl.val_every", self.val_every, 1, None)
+        if self.read_at != self.ticks and self.read_at % self.val_every:
+            raise ConfigError(
+                f"rl.read_at={self.read_at} is invalid with rl.val_every={self.val_every}: the run "
+                f"validates every val_every ticks and at its last ({self.ticks}), so val/acc at the read "
+                f"point is never logged (the report would read tick "
+                f"{self.read_at - self.read_at % self.val_every}'s); set read_at to a multiple of val_every "
+                "or to rl.ticks"
+            )
         _choice("rl.behaviour_logprobs", self.behaviour_logprobs, BEHAVIOUR_LOGPROBS)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"rl.betas={self.betas!r} is invalid: AdamW's 2 betas, each in [0, 1)")
