@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,20 +110,8 @@ def test_ctrl_c_requeues_the_trial_and_a_rerun_resumes_it(env, sweep_dict):
     cfg = SweepConfig.from_dict(sweep_dict)
     init_study(cfg, "ctrl-c")
 
-    def interrupted(plan, hooks):
-        class Hooks(TrainCallbacks):
-            def on_tick(self, step, metrics):
-                if step == 3:
-                    raise KeyboardInterrupt
-                hooks.on_tick(step, metrics)
-
-            def on_validation(self, step, accuracy):
-                hooks.on_validation(step, accuracy)
-
-        return FakeDriver(cfg.ticks, cfg.val_every)(plan, Hooks())
-
     with pytest.raises(KeyboardInterrupt):
-        run_worker(cfg, "ctrl-c", 0, driver=interrupted)
+        run_worker(cfg, "ctrl-c", 0, driver=driver_raising(cfg, KeyboardInterrupt))
     study = open_study(cfg, "ctrl-c")
     first, retry = study.get_trials()
     assert (first.state, retry.state) == (TrialState.FAIL, TrialState.WAITING)
@@ -134,14 +123,15 @@ def test_ctrl_c_requeues_the_trial_and_a_rerun_resumes_it(env, sweep_dict):
     assert [line.split()[0] for line in starts if line] == ["0", "3"]  # the retry resumed at tick 3
 
 
-def crashing_driver(cfg: SweepConfig, error: Exception):
-    """The fast driver, crashing with ``error`` after tick 3's checkpoint (a verl child's non-zero exit)."""
+def driver_raising(cfg: SweepConfig, error: Callable[[], BaseException]):
+    """The fast driver, raising ``error()`` at tick 3, after its checkpoint (Ctrl-C, a preemption's
+    ``Preempted``, a verl child's non-zero exit)."""
 
-    def crashed(plan, hooks):
+    def stopped(plan, hooks):
         class Hooks(TrainCallbacks):
             def on_tick(self, step, metrics):
                 if step == 3:
-                    raise error
+                    raise error()
                 hooks.on_tick(step, metrics)
 
             def on_validation(self, step, accuracy):
@@ -149,7 +139,7 @@ def crashing_driver(cfg: SweepConfig, error: Exception):
 
         return FakeDriver(cfg.ticks, cfg.val_every)(plan, Hooks())
 
-    return crashed
+    return stopped
 
 
 def test_a_crashed_trial_is_queued_again_and_a_rerun_resumes_it_but_a_bad_setting_is_not(env, sweep_dict):
@@ -159,9 +149,12 @@ def test_a_crashed_trial_is_queued_again_and_a_rerun_resumes_it_but_a_bad_settin
     sweep_dict.update(n_trials=2)
     cfg = SweepConfig.from_dict(sweep_dict)
     init_study(cfg, "crash")
-    died = SweepError("verl-train exited with status 1 (NCCL timeout)")
+
+    def died() -> SweepError:
+        return SweepError("verl-train exited with status 1 (NCCL timeout)")
+
     with pytest.raises(SweepError) as raised:
-        run_worker(cfg, "crash", 0, driver=crashing_driver(cfg, died))
+        run_worker(cfg, "crash", 0, driver=driver_raising(cfg, died))
     assert raised.value.__notes__ == ["trial 0 re-enqueued with the same params"]
     study = open_study(cfg, "crash")
     first, retry = study.get_trials()
@@ -176,7 +169,7 @@ def test_a_crashed_trial_is_queued_again_and_a_rerun_resumes_it_but_a_bad_settin
 
     init_study(cfg, "bad")
     with pytest.raises(ConfigError):
-        run_worker(cfg, "bad", 0, driver=crashing_driver(cfg, ConfigError("method.rank=0 is invalid")))
+        run_worker(cfg, "bad", 0, driver=driver_raising(cfg, lambda: ConfigError("method.rank=0 is invalid")))
     assert [t.state for t in open_study(cfg, "bad").get_trials()] == [TrialState.FAIL]
 
 
@@ -211,20 +204,7 @@ def test_a_preempted_trial_is_queued_again_at_once_and_a_signalled_worker_starts
 
 def preempting_driver(cfg: SweepConfig):
     """The fast driver, preempted (checkpointed on SIGUSR1) at tick 3."""
-
-    def preempted(plan, hooks):
-        class Hooks(TrainCallbacks):
-            def on_tick(self, step, metrics):
-                if step == 3:
-                    raise preempt.Preempted(3, signal.SIGUSR1)
-                hooks.on_tick(step, metrics)
-
-            def on_validation(self, step, accuracy):
-                hooks.on_validation(step, accuracy)
-
-        return FakeDriver(cfg.ticks, cfg.val_every)(plan, Hooks())
-
-    return preempted
+    return driver_raising(cfg, lambda: preempt.Preempted(3, signal.SIGUSR1))
 
 
 @pytest.mark.parametrize(
