@@ -268,26 +268,29 @@ class LocalTrainer:
         A last line without its newline was cut off by a kill mid-append: it is cut from the file (its
         tick is appended again from the pending ticks the checkpoint holds) instead of failing every resume.
         """
+        return max((step for step, _ in self._table_rows()), default=-1)
+
+    def _table_rows(self) -> list[tuple[int, str]]:
+        """``(step, line)`` of each complete line of the metrics table (a torn last line cut from the file,
+        as ``_last_table_step`` says); none without a table."""
         table = self.out / "metrics.jsonl"
         if not table.is_file():
-            return -1
+            return []
         data = table.read_bytes()
         complete = data.rfind(b"\n") + 1
         if complete < len(data):
             os.truncate(table, complete)
-        lines = data[:complete].decode().splitlines()
-        return max((json.loads(line)["step"] for line in lines if line.strip()), default=-1)
+        lines = [line for line in data[:complete].decode().splitlines() if line.strip()]
+        return [(json.loads(line)["step"], line) for line in lines]
 
     def _drop_table_rows_after(self, tick: int) -> None:
         """Cut the metrics table's rows past ``tick``, the checkpoint a run resumes from: an attempt that
         crashed after it wrote them from a trajectory this one retrains (not the same one on another CPU,
         thread count or sampler)."""
-        table = self.out / "metrics.jsonl"
-        if self._last_table_step() <= tick:
-            return
-        lines = table.read_text().splitlines()
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= tick]
-        write_lines_atomic(table, (line + "\n" for line in kept))
+        rows = self._table_rows()
+        if any(step > tick for step, _ in rows):
+            kept = (line + "\n" for step, line in rows if step <= tick)
+            write_lines_atomic(self.out / "metrics.jsonl", kept)
 
     def _append_metrics_table(self, rows: list[tuple[int, dict[str, float]]]) -> None:
         if not rows:
@@ -663,9 +666,7 @@ class LocalTrainer:
             tick = self._step
         except BaseException as err:  # a non-finite loss, another error, Ctrl-C: never left RUNNING
             self._flush_metrics()
-            failure = str(err) if isinstance(err, NonFiniteLossError) else repr(err)
-            status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-            self._finish_run(status, {"failure": failure})
+            self._end_on(err)
             raise
         finally:
             bar.close()
@@ -676,7 +677,7 @@ class LocalTrainer:
             with self.timer.phase("checkpoint"):
                 final = str(self._save_hf(self.out / FINAL_DIR))
         except BaseException as err:
-            self._finish_run("FAILED", {"failure": repr(err)})
+            self._end_on(err)
             raise
         summary = RunSummary(
             pair=cfg.pair,
@@ -704,6 +705,11 @@ class LocalTrainer:
             self.model.save_pretrained(stage)
             self.tokenizer.save_pretrained(stage)
         return target
+
+    def _end_on(self, err: BaseException) -> None:
+        """End the MLflow run on ``err``: KILLED for Ctrl-C, else FAILED; the error is its tag ``failure``."""
+        failure = str(err) if isinstance(err, NonFiniteLossError) else repr(err)
+        self._finish_run("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", {"failure": failure})
 
     def _finish_run(self, status: str, tags: dict[str, str]) -> None:
         if not self.run_id:
