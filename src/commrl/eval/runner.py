@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import os
 import sys
 import tempfile
 import time
@@ -284,16 +285,19 @@ def evaluate_benchmarks(
     ]
 
 
+def _sampled(benchmarks: list[Benchmark]) -> list[str]:
+    """The names of the sampled (avg@k) benchmarks among ``benchmarks``."""
+    return [b.name for b in benchmarks if b.kind == AVG_K]
+
+
 def _check_reseeding(benchmarks: list[Benchmark], backend: str) -> None:
     """``ConfigError`` when lm-eval's reseed before each benchmark would not reach vLLM's sampler: on GPUs
     vLLM samples in an engine process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING``, default on; on a CPU
     commrl runs it in this process), seeded once at its start, so a sampled benchmark after another would
     draw other samples than in a job of its own (greedy ones draw none)."""
-    import os
-
     from commrl.rl.vllm_env import on_cpu
 
-    sampled = [b.name for b in benchmarks if b.kind == AVG_K]
+    sampled = _sampled(benchmarks)
     in_process = on_cpu() or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
     if backend == "vllm" and len(sampled) > 1 and not in_process:
         raise ConfigError(
@@ -319,7 +323,7 @@ def _resolved_settings(
     parent = mlflow_log.training_run(run_id, uri) if (run_id and log_to_mlflow) else None
     pair = _resolve_pair(pair, parent, benchmarks)
     settings = pair_settings(pair, config, **{**(settings_overrides or {}), "max_gen_toks": max_gen_toks})
-    sampled = [b.name for b in benchmarks if b.kind == AVG_K]
+    sampled = _sampled(benchmarks)
     if settings.data_parallel_size > 1 and sampled:
         raise ConfigError(
             f"eval.data_parallel_size={settings.data_parallel_size} with sampled benchmarks "
