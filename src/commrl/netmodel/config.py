@@ -17,7 +17,7 @@ printed with every result). Unknown keys and bad values fail naming the key and 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +220,7 @@ def _build(data: dict, path: str) -> NetmodelConfig:
             "compressed", "compressed=dense is invalid: name the condition compared with dense"
         )
     layout_data = dict(_mapping(data["layout"], "layout"))
-    extra = sorted(set(layout_data) - {"stages", "dp", "points", "collective", "micro_batches", "gathers"})
+    extra = sorted(set(layout_data) - {f.name for f in fields(Layout)})
     if extra:
         raise NetModelError(f"layout.{extra[0]}", f"unknown layout key(s) {', '.join(extra)}")
     interconnects = tuple(str(n) for n in data.get("interconnects", ()))
