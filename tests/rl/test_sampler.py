@@ -12,7 +12,14 @@ from commrl.compression import MethodConfig, TwoCircuitController
 from commrl.rl.batch import build_batch
 from commrl.rl.logprobs import response_log_probs
 from commrl.rl.packing import use_shared_prefix_attention
-from commrl.rl.sampler import MIN_DECODING_ROWS, HFSampler, SamplerCodec, VLLMSampler, _decoding_rows
+from commrl.rl.sampler import (
+    MIN_DECODING_ROWS,
+    HFSampler,
+    SamplerCodec,
+    VLLMSampler,
+    _decoding_rows,
+    left_padded,
+)
 from commrl.rl.trainer import load_prompts
 from commrl.rl.vllm_env import vllm_installed
 
@@ -83,12 +90,8 @@ def test_vllm_and_hf_agree_and_the_codec_hook_matches_the_trainer(small_model):
 def _transformers_generate(sampler: HFSampler, prompts, max_new_tokens, do_sample, temperature, n, seed):
     """The reference: transformers' ``generate`` from the same shared prompt cache (every row decodes to
     the last one's stop), returning (tokens, log-probs) per sample."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), sampler.pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
+    ids, mask = left_padded(prompts, sampler.pad)
+    width = ids.shape[1]
     cache = sampler._shared_prompt_cache(ids, mask, n)
     ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
     kwargs = dict(do_sample=True, temperature=temperature) if do_sample else dict(do_sample=False)

@@ -134,13 +134,8 @@ class HFSampler(Sampler):
         stop at ~12 of the tiny pair's 24 tokens)."""
         from transformers import DynamicCache
 
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(list(p))
-            mask[i, width - len(p) :] = 1
-        if width > 1:
+        ids, mask = left_padded(prompts, self.pad)
+        if ids.shape[1] > 1:
             cache = self._shared_prompt_cache(ids, mask, n)
         else:
             cache = DynamicCache(config=self.model.config)
@@ -197,6 +192,17 @@ class HFSampler(Sampler):
 
     def greedy(self, prompts, max_new_tokens):
         return [group[0].token_ids for group in self._generate(prompts, max_new_tokens, False, 1.0, 1, 0)]
+
+
+def left_padded(prompts: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as one left-padded batch: token ids and attention mask, ``[len(prompts), longest]``."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(list(p))
+        mask[i, width - len(p) :] = 1
+    return ids, mask
 
 
 # torch's CPU matrix product gives a row the same bits in any batch of 4 rows or more, and other bits below
