@@ -110,10 +110,29 @@ def test_a_ratio_of_non_negative_quantities_is_cut_at_zero():
     assert (cut.estimate, cut.low, cut.high, cut.method) == (raw.estimate, 0.0, raw.high, "fieller")
     assert "cut at 0" in cut.note and "-58.71" in cut.note
     assert format_interval(cut, ".3g") == "26.7 [0, 108] (n=3)"
-    unbounded = st.ratio_interval(seeds([0.1, 0.12, 0.2]), seeds([0.05, 1.5, 1.3]), nonnegative=True)
+    unbounded = st.ratio_interval(seeds([0.0, 0.5, 0.02]), seeds([0.05, 1.5, 1.3]), nonnegative=True)
     assert (unbounded.low, unbounded.high) == (0.0, math.inf) and "unbounded" in unbounded.note
     away = seeds([10, 11, 9]), seeds([2.0, 2.1, 1.9])
     assert st.ratio_interval(*away, nonnegative=True) == st.ratio_interval(*away)
+
+
+def test_a_non_negative_ratio_over_a_noisy_denominator_near_zero_is_bounded_below():
+    """The note's KL regime: method ~7 nats, dense 0.001-0.02. The denominator's interval holds 0, so the
+    set is two rays, ``(-inf, -428.5]`` and ``[217.3, inf)``; a ratio of KLs takes the second, and the claim
+    "at least 10x" passes, as the t-test of the contrast ``method - 10 dense`` does (it read ``[0, inf]``,
+    INCONCLUSIVE, however large the gap)."""
+    method, dense = seeds([6.5, 7.1, 7.7]), seeds([0.001, 0.02, 0.006])
+    ratio = st.ratio_interval(method, dense, nonnegative=True)
+    assert ratio.low == pytest.approx(217.30, abs=0.01) and ratio.high == math.inf
+    assert "-428.5" in ratio.note and "[217.3, inf)" in ratio.note
+    assert st.verdict(ratio, "at_least", 10.0)[0] == st.PASS
+    for rho, inside in ((217.2, False), (217.4, True), (5000.0, True)):  # the set: rho a t-test keeps
+        contrast = st.difference_interval(method, dense, scale=rho)
+        assert (contrast.low <= 0 <= contrast.high) is inside
+    assert (st.ratio_interval(method, dense).low, st.ratio_interval(method, dense).high) == (
+        -math.inf,
+        math.inf,
+    )
 
 
 def test_a_verdicts_reason_never_prints_a_bound_as_its_threshold():

@@ -320,14 +320,19 @@ def ratio_interval(
     ``(a_bar - rho b_bar)^2 <= q (v_aa - 2 rho v_ab + rho^2 v_bb)``, ``q = t^2``, ``v`` the variances of
     the means (``v_ab`` the covariance when paired by seed, else 0, Welch's degrees of freedom at
     ``rho_hat``). Bounded when ``b_bar^2 > q v_bb`` (the denominator is clearly away from 0); otherwise the
-    interval is ``(-inf, inf)`` and says so. A denominator that is 0 in every seed gives ``±inf`` when the
-    numerator's interval excludes 0.
+    set is the whole line, or two rays ``(-inf, r1] and [r2, inf)`` when the numerator is clearly away from 0
+    (the quadratic's discriminant > 0): the interval is ``(-inf, inf)`` and says so, but for a ``nonnegative``
+    ratio with ``r1 < 0`` it is ``[r2, inf)``, the set's non-negative part (a ratio over a noisy denominator
+    near 0, dense's KL, is then bounded below, not "anywhere above 0"). A denominator that is 0 in every
+    seed gives ``±inf`` when the numerator's interval excludes 0.
     """
-    interval = _ratio_interval(a, b, confidence)
+    interval = _ratio_interval(a, b, confidence, nonnegative)
     return cut_below(interval, 0.0, NONNEGATIVE_RATIO) if nonnegative else interval
 
 
-def _ratio_interval(a: Mapping[str, float], b: Mapping[str, float], confidence: float) -> Interval:
+def _ratio_interval(
+    a: Mapping[str, float], b: Mapping[str, float], confidence: float, nonnegative: bool
+) -> Interval:
     xa, xb, paired = _pair(a, b)
     ma, mb = float(xa.mean()), float(xb.mean())
     estimate = _ratio(ma, mb)
@@ -363,10 +368,22 @@ def _ratio_interval(a: Mapping[str, float], b: Mapping[str, float], confidence: 
         df = num / den if den > 0 else np.inf
     q = float(_quantile(confidence, df)) ** 2
     quad, lin, const = mb**2 - q * v_bb, -2 * (ma * mb - q * v_ab), ma**2 - q * v_aa
+    disc = lin**2 - 4 * quad * const
+    if quad < 0 and disc > 0 and nonnegative:
+        # the set lies outside the roots, (-inf, r1] and [r2, inf): [r2, inf) holds its ratios >= 0 if r1 < 0
+        r1, r2 = sorted(
+            (float((-lin - np.sqrt(disc)) / (2 * quad)), float((-lin + np.sqrt(disc)) / (2 * quad)))
+        )
+        if r1 < 0:
+            note = (
+                f"unbounded above: the denominator's interval holds 0 and the set is (-inf, {r1:.4g}] and "
+                f"[{r2:.4g}, inf), of which a non-negative ratio takes the second"
+            )
+            return Interval(estimate, max(r2, 0.0), np.inf, sizes, "fieller", paired, note, confidence)
     if quad <= 0:
         note = "unbounded: the denominator's interval holds 0"
         return Interval(estimate, -np.inf, np.inf, sizes, "fieller", paired, note, confidence)
-    root = np.sqrt(max(lin**2 - 4 * quad * const, 0.0))
+    root = np.sqrt(max(disc, 0.0))
     low, high = float((-lin - root) / (2 * quad)), float((-lin + root) / (2 * quad))
     note = _zero_spread_note(low, high)
     return Interval(estimate, low, high, sizes, "fieller", paired, note, confidence)
