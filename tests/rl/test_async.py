@@ -208,6 +208,48 @@ def test_bypass_loss_equals_a_hand_computation_against_the_sampler_log_probs():
     assert 0 < metrics["actor/effective_tokens"] < metrics["actor/eligible_tokens"]
 
 
+def test_an_icepop_band_that_drops_every_token_gives_zero_weights_not_a_crash():
+    """Every ratio outside [0.5, 5]: verl 0.9.1's effective-sample-size read-out divides by zero (verl PR
+    #7559). The decoupled correction is then zero weights, verl's own mask and read-outs, ESS 0; verl's
+    bypass loss gets the same guard: ppo_clip (which applies no weights) is the loss without them, reinforce
+    (which does) is 0 with no gradient."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    old, _, mask = _tensors()
+    sampler = old + 3.0  # ratio e^-3 = 0.05 at every token
+    icepop = correction.RolloutCorrection(rollout_is="token", rollout_is_threshold="0.5_5.0")
+    with pytest.raises(ZeroDivisionError):  # verl's helper itself; when verl reports 0 here, drop the guard
+        compute_rollout_correction_and_rejection_mask(
+            old, sampler, mask, rollout_is="token", rollout_is_threshold="0.5_5.0"
+        )
+    corr = correction.correct(old, sampler, mask, icepop)
+    assert torch.equal(corr.weights, torch.zeros_like(old)) and torch.equal(corr.mask, mask)
+    assert corr.metrics["rollout_corr/rollout_is_eff_sample_size"] == 0.0
+    assert corr.metrics["rollout_corr/kl"] == pytest.approx(
+        correction.correct(old, sampler, mask, correction.RolloutCorrection()).metrics["rollout_corr/kl"]
+    )
+    adv = torch.tensor([1.0, -1.0] * 4).unsqueeze(-1).expand(8, 6)
+    losses = {}
+    for loss_type in ("ppo_clip", "reinforce"):
+        for name, keys in (
+            ("icepop", {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}),
+            ("none", {}),
+        ):
+            rc = correction.RolloutCorrection(loss_type=loss_type, **keys)
+            actor = grpo.actor_config(
+                RLConfig(behaviour_logprobs="sampler", rollout_correction=rc, group_size=2), 8
+            )
+            grpo.set_global_batch(actor, mask)
+            log_prob = old.clone().requires_grad_()
+            loss, _ = grpo.grpo_loss(actor, log_prob, sampler, None, adv, mask)
+            loss.backward()
+            losses[loss_type, name] = (float(loss), log_prob.grad)
+    assert losses["ppo_clip", "icepop"][0] == losses["ppo_clip", "none"][0] != 0.0
+    assert torch.equal(losses["ppo_clip", "icepop"][1], losses["ppo_clip", "none"][1])
+    assert losses["reinforce", "icepop"][0] == 0.0 and not losses["reinforce", "icepop"][1].any()
+    assert losses["reinforce", "none"][1].any()
+
+
 def _tensors(seed: int = 0):
     torch.manual_seed(seed)
     old = torch.randn(8, 6) * 0.4 - 1.0

@@ -151,18 +151,39 @@ def correct(
 
     With ``cfg`` off it returns no weights, the mask unchanged and verl's off-policy read-outs
     (``rollout_corr/kl``, ``k3_kl``, ``chi2_token``, ``chi2_seq``, ...), filtered to ``LOGGED_METRICS``.
+
+    When every weight is 0 (IcePop with every token outside its band), verl 0.9.1's effective-sample-size
+    read-out divides by zero (``ZeroDivisionError``; verl PR #7559 reports 0 there): the correction is then
+    zero weights, verl's mask and off-policy read-outs without the IS step, and ``rollout_is_mean`` and
+    ``rollout_is_eff_sample_size`` 0 (the IS step's other read-outs are not logged that tick).
     """
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
 
-    weights, mask, metrics = compute_rollout_correction_and_rejection_mask(
-        old_log_prob=trainer_log_probs,
-        rollout_log_prob=sampler_log_probs,
-        response_mask=response_mask,
-        rollout_is=cfg.rollout_is,
-        rollout_is_threshold=cfg.rollout_is_threshold,
-        rollout_is_batch_normalize=cfg.rollout_is_batch_normalize,
-        rollout_rs=cfg.rollout_rs,
-        rollout_rs_threshold=cfg.rollout_rs_threshold,
-    )
+    def helper(rollout_is: str | None):
+        return compute_rollout_correction_and_rejection_mask(
+            old_log_prob=trainer_log_probs,
+            rollout_log_prob=sampler_log_probs,
+            response_mask=response_mask,
+            rollout_is=rollout_is,
+            rollout_is_threshold=cfg.rollout_is_threshold,
+            rollout_is_batch_normalize=cfg.rollout_is_batch_normalize,
+            rollout_rs=cfg.rollout_rs,
+            rollout_rs_threshold=cfg.rollout_rs_threshold,
+        )
+
+    try:
+        weights, mask, metrics = helper(cfg.rollout_is)
+    except ZeroDivisionError:
+        if cfg.rollout_is is None:
+            raise
+        _, mask, metrics = helper(None)
+        zero = {"rollout_corr/rollout_is_mean": 0.0, "rollout_corr/rollout_is_eff_sample_size": 0.0}
+        return Correction(
+            sampler_log_probs.new_zeros(sampler_log_probs.shape), mask, {**_logged(metrics), **zero}
+        )
     w = weights.batch["rollout_is_weights"] if weights is not None else None
-    return Correction(w, mask, {k: float(v) for k, v in metrics.items() if k in LOGGED_METRICS})
+    return Correction(w, mask, _logged(metrics))
+
+
+def _logged(metrics: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if k in LOGGED_METRICS}

@@ -91,6 +91,31 @@ def set_global_batch(actor_cfg, response_mask: torch.Tensor) -> None:
     actor_cfg.global_batch_info.update(global_batch(response_mask))
 
 
+def _bypass_without_weights(actor_cfg, old_log_prob, log_prob, advantages, response_mask):
+    """verl's bypass-mode loss for a micro-batch whose every IS weight is 0 (IcePop, every token outside its
+    band), where verl 0.9.1's loss raises ``ZeroDivisionError`` in its effective-sample-size read-out (verl PR
+    #7559): the rejection mask from verl's helper, then the loss verl's bypass dispatch calls (ppo_clip: the
+    vanilla loss, which takes no weights; reinforce: its IS-weighted loss, with the weights, all 0)."""
+    from verl.trainer.ppo import core_algos
+
+    from commrl.rl.correction import RolloutCorrection, correct
+
+    verl_cfg = actor_cfg.policy_loss.rollout_correction
+    cfg = RolloutCorrection(**{k: getattr(verl_cfg, k) for k in RolloutCorrection.__dataclass_fields__})
+    corr = correct(log_prob.detach(), old_log_prob, response_mask, cfg)
+    common = dict(log_prob=log_prob, advantages=advantages, response_mask=corr.mask, config=actor_cfg)
+    if cfg.loss_type == "reinforce":
+        return core_algos.compute_policy_loss_reinforce(
+            rollout_log_prob=old_log_prob,
+            loss_agg_mode=actor_cfg.loss_agg_mode,
+            rollout_is_weights=corr.weights,
+            **common,
+        )
+    return core_algos.compute_policy_loss_vanilla(
+        old_log_prob=old_log_prob, loss_agg_mode=actor_cfg.loss_agg_mode, rollout_is_weights=None, **common
+    )
+
+
 def grpo_loss(
     actor_cfg,
     log_prob: torch.Tensor,
@@ -111,16 +136,19 @@ def grpo_loss(
     from verl.trainer.ppo import core_algos
 
     mask = response_mask.bool()
-    policy_loss_fn = core_algos.get_policy_loss_fn(actor_cfg.policy_loss.get("loss_mode", "vanilla"))
-    pg_loss, pg_metrics = policy_loss_fn(
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=advantages,
-        response_mask=mask,
-        loss_agg_mode=actor_cfg.loss_agg_mode,
-        config=actor_cfg,
-        rollout_is_weights=rollout_is_weights,
-    )
+    loss_mode = actor_cfg.policy_loss.get("loss_mode", "vanilla")
+    args = dict(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask)
+    try:
+        pg_loss, pg_metrics = core_algos.get_policy_loss_fn(loss_mode)(
+            **args,
+            loss_agg_mode=actor_cfg.loss_agg_mode,
+            config=actor_cfg,
+            rollout_is_weights=rollout_is_weights,
+        )
+    except ZeroDivisionError:
+        if loss_mode != "bypass_mode":
+            raise
+        pg_loss, pg_metrics = _bypass_without_weights(actor_cfg, **args)
     metrics = {k: float(v) for k, v in pg_metrics.items() if not k.startswith("rollout_corr/")}
     metrics["actor/pg_loss"] = float(pg_loss.detach())
     if eligible_mask is not None and log_prob.requires_grad:
