@@ -32,9 +32,13 @@ def test_profile_slurm_by_name_from_the_root(workflow: Workflow) -> None:
     assert result.counts()["train_verl"] == 2 * 7 * 3  # pairs A and B x 7 conditions x 3 seeds
     assert {r["slurm_extra"] for r in result.resources("train_verl")} == {"--exclusive --signal=USR1@900"}
     assert re.search(
-        r"preemptible\.sh 900 results/logs/train/A/\w+/seed\d\.log commrl verl-train --pair A",
+        r"exec \S*preemptible\.sh 900 results/logs/train/A/\w+/seed\d\.log commrl verl-train --pair A",
         result.output,
     )
+    # every wrapped command replaces the rule's shell (tests/workflow/test_preemptible.py: why)
+    wrapped = [line for line in result.output.splitlines() if "preemptible.sh " in line]
+    assert {"train_verl", "sweep_worker"} <= set(result.counts())
+    assert wrapped and all(re.search(r"exec \S*preemptible\.sh ", line) for line in wrapped), wrapped[:3]
     assert "warning signal" not in result.output  # 900 s covers paper.yaml's checkpoint_s of 600 s
 
 

@@ -47,7 +47,7 @@ rule study_worker:
     conda:
         lambda wildcards: env("train", pair_cfg(study_pair(wildcards.study))["driver"])
     shell:
-        "{params.preemptible} {log} commrl sweep worker --config {input.config} --study {wildcards.study}"
+        "exec {params.preemptible} {log} commrl sweep worker --config {input.config} --study {wildcards.study}"
         " --worker {wildcards.worker} --out {output} > {log} 2>&1"
 
 

@@ -44,7 +44,7 @@ rule sweep_worker:
     conda:
         pair_env("train")
     shell:
-        "{params.preemptible} {log} commrl sweep worker --config {input.config} --study {wildcards.study}"
+        "exec {params.preemptible} {log} commrl sweep worker --config {input.config} --study {wildcards.study}"
         " --worker {wildcards.worker}"
         " --out {output} > {log} 2>&1"
 

@@ -31,7 +31,7 @@ rule train_local:
     conda:
         env("train")
     shell:
-        "{params.preemptible} {log} commrl train pair={wildcards.pair} condition={wildcards.condition} seed={wildcards.seed}"
+        "exec {params.preemptible} {log} commrl train pair={wildcards.pair} condition={wildcards.condition} seed={wildcards.seed}"
         " out_dir={params.out} model.path={params.model} data.dir={params.data} threads={threads} {params.ticks}"
         " > {log} 2>&1"
 
@@ -60,5 +60,5 @@ rule train_verl:
     conda:
         env("train", driver="verl")
     shell:
-        "{params.preemptible} {log} commrl verl-train --pair {wildcards.pair} --condition {wildcards.condition} --seed {wildcards.seed}"
+        "exec {params.preemptible} {log} commrl verl-train --pair {wildcards.pair} --condition {wildcards.condition} --seed {wildcards.seed}"
         " --out {params.out} --data-dir {params.data_root} --val-file {input.val} {params.ticks} > {log} 2>&1"

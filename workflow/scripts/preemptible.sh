@@ -5,8 +5,11 @@
 #
 # LEAD is the job's warning lead in seconds (--signal=USR1@LEAD in the profile's slurm_extra; 0: none),
 # printed for the log. This shell outlives the warning: SIGUSR1 is ignored (as in the Snakefile; commrl
-# installs its own handler) and a trapped SIGTERM waits for the command (bash runs traps after it), so the
-# command's status is always seen. When the command exits 75 (commrl: preempted, its checkpoint written)
+# installs its own handler) and a trapped SIGTERM or SIGHUP waits for the command (bash runs traps after it),
+# so the command's status is always seen. The rules `exec` this script, so it replaces the shell Snakemake
+# waits on: that shell, untrapped, would die of a SIGTERM sent to every process of the job (preemption,
+# scancel) and Snakemake would fail the job while the command checkpoints for nobody
+# (tests/workflow/test_preemptible.py). When the command exits 75 (commrl: preempted, its checkpoint written)
 # inside a Slurm job, the job is requeued (`scontrol requeue`: the same job id, pending again, its full time
 # limit on the next start; Snakemake keeps waiting for it); when that is refused (the job is not
 # requeueable, MaxBatchRequeue is reached) status 75 goes to Snakemake, whose retry (profile `retries`)
@@ -20,7 +23,7 @@ lead=$1
 log=$2
 shift 2
 trap '' USR1
-trap : TERM
+trap : TERM HUP
 started=$(date -u +%Y%m%dT%H%M%SZ)
 echo "preemptible: start ${started} on $(hostname); warning lead ${lead} s; Slurm job ${SLURM_JOB_ID:-none}" >&2
 "$@"
