@@ -142,6 +142,13 @@ CASES = [
         base=PAPER,
     ),
     Case(
+        "verl_train_data_not_the_pair_files",
+        _set("pairs.B.train_data", "math"),
+        "pairs.B.train_data: 'math', but configs/verl/pair/B.yaml trains on dataset.train 'deepscaler' (what "
+        "commrl verl-train reads); make the two the same",
+        base=PAPER,
+    ),
+    Case(
         "ticks_a_condition_cannot_run",
         _set("pairs.tiny.ticks", {"method_async": 1}),
         "pairs.tiny.ticks.method_async: 1 ticks of method_async: rl.staleness=1 is out of range",

@@ -461,6 +461,19 @@ def ticks_problem(pair, driver, condition, ticks, pair_file):
     return None
 
 
+def dataset_problem(pair, cfg, pair_file):
+    """Why the verl pair file trains on other data than `pairs.<pair>.train_data`, or None: `commrl
+    verl-train` reads `<data-dir>/<dataset.train of the pair file>/train.parquet` (its validation set comes
+    with --val-file), while the job's input, whose rebuild replans the run, is train_data's."""
+    train = ((yaml.safe_load(Path(pair_file).read_text()) or {}).get("dataset") or {}).get("train")
+    if train is not None and train != cfg["train_data"]:
+        return (
+            f"{cfg['train_data']!r}, but {workdir_path(pair_file)} trains on dataset.train {train!r} (what "
+            f"commrl verl-train reads); make the two the same"
+        )
+    return None
+
+
 def config_error(field, message):
     """The error of a bad value of the config: its file, the field's path (pairs.tiny.seeds) and `message`."""
     return WorkflowError(f"{config_files()}: {field}: {message}")
@@ -589,6 +602,9 @@ def check_config():
                 f"the {cfg['driver']} driver has no {workdir_path(pair_file)}, the training config of pair "
                 f"{pair!r} (its pairs: {known}); add the file, or name one of those pairs",
             )
+        problem = dataset_problem(pair, cfg, pair_file) if cfg["driver"] == "verl" else None
+        if problem:
+            raise config_error(f"pairs.{pair}.train_data", problem)
         run = f"is not in pairs.{pair}.conditions"
         for condition, ticks in cfg["ticks"].items():
             if condition not in cfg["conditions"]:
