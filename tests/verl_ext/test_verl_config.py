@@ -282,6 +282,19 @@ def test_hydra_value_survives_compose():
     assert vc.hydra_value([1, "a", None, True]) == "[1,'a',null,true]"
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["a\\b", "C:\\dir\\f", "q'\\n", "ends\\", "x\\'y", "${oc.env:HOME}", "a$b", "\\${x}", "{{ '\\n' }}\\"],
+)
+def test_hydra_value_keeps_backslashes_and_interpolations_literal(value):
+    """A backslash not before a quote is literal in Hydra's quoted values (doubling it doubled it), and
+    OmegaConf resolves ``${...}`` even inside quotes (a chat template or a stop string came back altered)."""
+    _, cfg = resolve(
+        "A", "dense", extra=[f"+ray_kwargs.ray_init.runtime_env.env_vars.X={vc.hydra_value(value)}"]
+    )
+    assert value == cfg.ray_kwargs.ray_init.runtime_env.env_vars.X
+
+
 def test_prepared_data_and_reward_load_through_verls_own_loaders(tmp_path, tiny_model_dir):
     """The paper config's data section reads `commrl prepare`'s toy parquet in verl's RLHFDataset, and verl's
     custom-reward loader finds commrl's math-verify reward, which scores a boxed right answer 1."""

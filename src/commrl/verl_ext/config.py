@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -306,7 +307,11 @@ def method_from_env(environ: Mapping[str, str] | None = None) -> MethodConfig | 
 
 
 def hydra_value(value: Any) -> str:
-    """A Python value in Hydra's override grammar (strings single-quoted, lists and dicts in brackets)."""
+    r"""A Python value in Hydra's override grammar (strings single-quoted, lists and dicts in brackets).
+
+    Inside a quoted value Hydra 1.3 un-escapes only the backslashes before a quote or at the end, so those
+    runs are doubled (and the quote escaped); others are literal. OmegaConf resolves ``${...}`` even there,
+    so it is written ``\${`` (its escape for a literal ``${``), doubling the backslashes before it."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -317,7 +322,8 @@ def hydra_value(value: Any) -> str:
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list | tuple):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    text = re.sub(r"(\\*)\$\{", lambda m: 2 * m.group(1) + "\\${", str(value))
+    text = re.sub(r"(\\*)('|$)", lambda m: 2 * m.group(1) + ("\\'" if m.group(2) else ""), text)
     return f"'{text}'"
 
 
