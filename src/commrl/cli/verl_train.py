@@ -115,7 +115,34 @@ def run(args: argparse.Namespace) -> int:
             f"{spec.train_dataset} / {spec.val_dataset} --out <data-dir>/<name>) or pass --data-dir / "
             "--val-file"
         )
+    rollout_stops(cfg, out_dir)
     return train(spec, cfg, out_dir, uri, run_id, placement)
+
+
+def rollout_stops(cfg, out_dir: Path) -> None:
+    """Stop the rollout at the end of the chat template's assistant turn where the model's own files do not
+    (``commrl.verl_ext.stops``): vLLM's ``generation_config`` engine argument names a copy that does."""
+    from omegaconf import OmegaConf
+
+    from commrl.verl_ext import stops
+
+    model = str(cfg.actor_rollout_ref.model.path)
+    try:
+        found = stops.rollout_generation_config(model, out_dir)
+    except (OSError, ValueError) as err:
+        print(
+            f"commrl verl-train: warning: could not read {model}'s tokenizer to check where its rollouts "
+            f"stop ({err}); vLLM stops at the EOS its files list",
+            file=sys.stderr,
+        )
+        return
+    if found is not None:
+        folder, token = found
+        OmegaConf.update(cfg, stops.ENGINE_KEY, str(folder), force_add=True)
+        print(
+            f"commrl verl-train: {model} does not list token {token}, which ends its chat template's "
+            f"assistant turn, among its stop tokens; the rollout stops there too ({folder})"
+        )
 
 
 def identity(spec, ticks: int) -> record.RunIdentity:
