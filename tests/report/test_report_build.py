@@ -163,7 +163,9 @@ def test_markdown_cells_read_mean_plus_minus_half_width_with_n_and_explain_the_r
 
 def test_claims_are_decided_on_the_seed_intervals_as_designed(built):
     status = {pair: {c.number: c.status for c in claims} for pair, claims in built.claims.items()}
-    assert status["A"] == {**{n: "PASS" for n in range(1, 16)}, 10: "n/a", 12: "n/a"}  # no anchor_only
+    # no anchor_only (12) or method_same_sampler (10); claim 5 is about prf_mask and dropout, and dropout
+    # was not run: prf_mask's check passes, the claim cannot
+    assert status["A"] == {**{n: "PASS" for n in range(1, 16)}, 5: "INCONCLUSIVE", 10: "n/a", 12: "n/a"}
     assert status["B"] == {
         1: "PASS",
         2: "MISS",
@@ -189,6 +191,12 @@ def test_claims_are_decided_on_the_seed_intervals_as_designed(built):
     assert claim4.values["tick"] == 60 and claim4.values["ratio"] == pytest.approx(100.0)
     assert claim4.interval.method == "fieller" and 10 < claim4.interval.low < 100 < claim4.interval.high
     assert "6.1" in claim4.note
+    claim5 = next(c for c in built.claims["A"] if c.number == 5)
+    assert [k.status for k in claim5.checks] == ["PASS", "INCONCLUSIVE"]
+    assert (
+        claim5.value.endswith("; not run: dropout")
+        and "KL dropout / method: dropout not run" in claim5.reason
+    )
     claim9 = next(c for c in built.claims["A"] if c.number == 9)
     assert len(claim9.checks) == 2 and "dense async clip: 95% CI" in claim9.reason
     saved = json.loads((built.out_dir / "claims.json").read_text())

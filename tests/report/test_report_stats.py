@@ -191,6 +191,9 @@ def test_mean_bands_per_column_over_the_seeds_that_logged_it():
         ([-0.01, 0.0, 0.01], "above", 0.0, st.INCONCLUSIVE),
         ([0.10, 0.11, 0.12], "at_most", 0.9, st.PASS),
         ([0.95, 0.96, 0.97], "at_most", 0.9, st.MISS),
+        ([-0.020, -0.021, -0.022], "below", 0.0, st.PASS),
+        ([0.020, 0.021, 0.022], "below", 0.0, st.MISS),
+        ([-0.01, 0.0, 0.01], "below", 0.0, st.INCONCLUSIVE),
         ([0.00, 0.01, -0.01], "within", 0.05, st.PASS),
         ([-0.24, -0.25, -0.23], "within", 0.05, st.MISS),
         ([0.03, 0.05, 0.07], "within", 0.05, st.INCONCLUSIVE),
@@ -207,6 +210,9 @@ def test_verdict_on_a_point_interval_at_the_threshold_and_unknown_side_fails():
     """At the threshold with no spread (every seed tied): ``x >= t`` passes, ``x > t`` misses."""
     assert st.verdict(st.mean_interval([0.05, 0.05]), "at_least", 0.05)[0] == st.PASS
     assert st.verdict(st.mean_interval([0.0, 0.0, 0.0]), "above", 0.0) == (st.MISS, "95% CI [0, 0] <= 0")
+    # "gains less than" (claim 13) on a tie: no gain in either condition is not less, as <= 0 passed it
+    assert st.verdict(st.mean_interval([0.0, 0.0, 0.0]), "below", 0.0) == (st.MISS, "95% CI [0, 0] >= 0")
+    assert st.verdict(st.mean_interval([0.0, 0.0, 0.0]), "at_most", 0.0)[0] == st.PASS
     with pytest.raises(ValueError, match="side 'beyond'"):
         st.verdict(st.mean_interval([1.0, 2.0]), "beyond", 0.0)
 

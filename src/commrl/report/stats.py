@@ -40,7 +40,7 @@ BOOTSTRAP_SEED = 20260
 BOOTSTRAP_BATCH = 1000  # resamples held in memory at once (curves: ticks x seeds x batch floats)
 ZERO_SPREAD = "zero spread across seeds: the interval is the point"
 
-Side = Literal["at_least", "above", "at_most", "within"]
+Side = Literal["at_least", "above", "at_most", "below", "within"]
 
 
 @dataclass(frozen=True)
@@ -401,12 +401,14 @@ def _bound(value: float, threshold: float) -> str:
 
 def verdict(interval: Interval, side: Side, threshold: float) -> tuple[str, str]:
     """``(status, reason)`` of the claim ``x >= threshold`` (``at_least``), ``x > threshold`` (``above``),
-    ``x <= threshold`` (``at_most``) or ``|x| <= threshold`` (``within``) on the interval ``[l, h]`` of ``x``.
+    ``x <= threshold`` (``at_most``), ``x < threshold`` (``below``) or ``|x| <= threshold`` (``within``) on
+    the interval ``[l, h]`` of ``x``.
 
     PASS when ``[l, h]`` lies entirely on the claim's side (``l >= thr``; ``l > thr``; ``h <= thr``;
-    ``-thr <= l, h <= thr``), MISS when entirely on the other (``h < thr``; ``h <= thr``; ``l > thr``;
-    ``l > thr`` or ``h < -thr``), INCONCLUSIVE when it straddles the threshold, or when there is no interval
-    (one seed). So a strict claim on a zero-spread interval at its threshold (every seed tied) is a MISS.
+    ``h < thr``; ``-thr <= l, h <= thr``), MISS when entirely on the other (``h < thr``; ``h <= thr``;
+    ``l > thr``; ``l >= thr``; ``l > thr`` or ``h < -thr``), INCONCLUSIVE when it straddles the threshold,
+    or when there is no interval (one seed). So a strict claim on a zero-spread interval at its threshold
+    (every seed tied) is a MISS.
     """
     low, high = interval.low, interval.high
     if low is None or high is None:
@@ -417,6 +419,7 @@ def verdict(interval: Interval, side: Side, threshold: float) -> tuple[str, str]
         "at_least": (low >= t, high < t, f">= {t:g}", f"< {t:g}", f"straddles {t:g}"),
         "above": (low > t, high <= t, f"> {t:g}", f"<= {t:g}", f"straddles {t:g}"),
         "at_most": (high <= t, low > t, f"<= {t:g}", f"> {t:g}", f"straddles {t:g}"),
+        "below": (high < t, low >= t, f"< {t:g}", f">= {t:g}", f"straddles {t:g}"),
         "within": (
             -t <= low and high <= t,
             low > t or high < -t,
