@@ -21,7 +21,13 @@ def t_cell(values: list[float]) -> dict:
     return cell_json(st.mean_interval(values))
 
 
-def write_report(directory: Path, val: dict[str, list[float]], status: str = "PASS") -> Path:
+def write_report(
+    directory: Path,
+    val: dict[str, list[float]],
+    status: str = "PASS",
+    rule: str = "score(read) - start >= 0.05",
+    read_at: int = 40,
+) -> Path:
     directory.mkdir(parents=True)
     rows = [
         [c, len(v), t_cell(v), {"mean": 1.0, "low": "-inf", "high": "inf", "n": 3, "method": "fieller"}]
@@ -30,13 +36,14 @@ def write_report(directory: Path, val: dict[str, list[float]], status: str = "PA
     tables = {
         "pairs": {
             "tiny": {
+                "read_at": read_at,
                 "tables": {
                     "best_validation": {
                         "columns": ["condition", "seeds", "at read tick", "ratio"],
                         "rows": rows,
                     },
                     "sweeps": {"columns": ["sweep", "objective"], "rows": [["s", t_cell([0.1, 0.2])]]},
-                }
+                },
             }
         }
     }
@@ -46,6 +53,7 @@ def write_report(directory: Path, val: dict[str, list[float]], status: str = "PA
                 {
                     "number": 1,
                     "claim": "dense learns",
+                    "threshold": rule,
                     "status": status,
                     "estimate": 0.1,
                     "low": 0.05,
@@ -82,6 +90,22 @@ def test_a_shift_beyond_the_noise_is_flagged_and_one_within_it_is_not(tmp_path):
     c = compare_reports(base, other)
     assert c.summary()["same_verdict"] == 0
     assert c.summary()["difference_excludes_zero"] == 1
+
+
+def test_a_claim_whose_rule_changed_and_a_pair_read_elsewhere_are_not_compared_as_noise(tmp_path):
+    """A verdict under another rule (a threshold, a read-out, a level) answers another question, and cells
+    read at another tick measure another quantity: the comparison says so instead of counting them."""
+    base = write_report(tmp_path / "a", BASE)
+    other = write_report(tmp_path / "b", BASE, status="MISS", rule="score(read) - start >= 0.1", read_at=30)
+    c = compare_reports(base, other)
+    (claim,) = c.claims
+    assert claim.rule_changed and claim.same_verdict is None
+    assert c.summary()["rule_changed"] == ["tiny 1"] and c.summary()["same_verdict"] == 0
+    lines = c.summary_lines()
+    assert "claims with the same verdict: 0 of 0 (not compared, their rule changed: tiny 1)" in lines
+    assert any("tiny is read at tick 40 in the base and 30 in the other" in line for line in lines)
+    same = compare_reports(base, write_report(tmp_path / "c", BASE))
+    assert not same.claims[0].rule_changed and same.claims[0].same_verdict and not same.read_points
 
 
 def test_the_difference_from_two_summaries_is_welchs_interval_on_the_seeds():

@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     for claim in comparison.claims:
         if not claim.same_verdict:
             changed = f"{claim.base['status']} -> {claim.other['status']}"
-            print(f"  claim {claim.number} ({claim.claim}): {changed}")
+            rule = f" (rule changed: {claim.base.get('threshold')} -> {claim.other.get('threshold')})"
+            print(f"  claim {claim.number} ({claim.claim}): {changed}{rule if claim.rule_changed else ''}")
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0

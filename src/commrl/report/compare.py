@@ -94,8 +94,15 @@ class ClaimPair:
     other: dict[str, Any]
 
     @property
-    def same_verdict(self) -> bool:
-        return self.base["status"] == self.other["status"]
+    def rule_changed(self) -> bool:
+        """Whether the claim's rule (its text, thresholds and levels) differs: its verdicts then answer two
+        questions, and are not compared."""
+        return self.base.get("threshold") != self.other.get("threshold")
+
+    @property
+    def same_verdict(self) -> bool | None:
+        """Whether both reports give the claim one verdict; None when its rule changed between them."""
+        return None if self.rule_changed else self.base["status"] == self.other["status"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class Comparison:
     cells: list[CellPair]
     claims: list[ClaimPair]
     only_in_one: list[str]
+    read_points: dict[str, tuple[Any, Any]]  # pair -> (base's read tick, other's) where they differ
 
     def summary(self) -> dict[str, Any]:
         tested = [c for c in self.cells if c.differs is not None]
@@ -119,7 +127,8 @@ class Comparison:
             "difference_excludes_zero": sum(bool(c.differs) for c in tested),
             "with_difference_interval": len(tested),
             "claims": len(self.claims),
-            "same_verdict": sum(c.same_verdict for c in self.claims),
+            "same_verdict": sum(bool(c.same_verdict) for c in self.claims),
+            "rule_changed": [f"{c.pair} {c.number}" for c in self.claims if c.rule_changed],
         }
 
     def summary_lines(self) -> list[str]:
@@ -137,7 +146,17 @@ class Comparison:
             f"{s['with_base_interval']}{expected}",
             f"Welch {CONFIDENCE:.0%} interval of other - base excludes 0: {s['difference_excludes_zero']} of "
             f"{s['with_difference_interval']} (~5% expected by chance)",
-            f"claims with the same verdict: {s['same_verdict']} of {s['claims']}",
+            f"claims with the same verdict: {s['same_verdict']} of {s['claims'] - len(s['rule_changed'])}"
+            + (
+                f" (not compared, their rule changed: {', '.join(s['rule_changed'])})"
+                if s["rule_changed"]
+                else ""
+            ),
+            *[
+                f"**{pair} is read at tick {base} in the base and {other} in the other**: its cells measure "
+                "different ticks"
+                for pair, (base, other) in self.read_points.items()
+            ],
         ]
 
     def as_dict(self) -> dict[str, Any]:
@@ -146,6 +165,7 @@ class Comparison:
             "other": str(self.other_dir),
             "summary": self.summary(),
             "only_in_one": self.only_in_one,
+            "read_points": {pair: list(ticks) for pair, ticks in self.read_points.items()},
             "claims": [
                 {
                     "pair": c.pair,
@@ -154,6 +174,7 @@ class Comparison:
                     "base": _claim_fields(c.base),
                     "other": _claim_fields(c.other),
                     "same_verdict": c.same_verdict,
+                    "rule_changed": c.rule_changed,
                 }
                 for c in self.claims
             ],
@@ -244,8 +265,14 @@ def _claims(claims: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
 def compare_reports(base_dir: str | Path, other_dir: str | Path) -> Comparison:
     """Pair the interval cells and claims of two reports (see the module docstring)."""
     base_dir, other_dir = Path(base_dir), Path(other_dir)
-    base_cells = interval_cells(_read(base_dir, "tables.json"))
-    other_cells = interval_cells(_read(other_dir, "tables.json"))
+    base_tables, other_tables = _read(base_dir, "tables.json"), _read(other_dir, "tables.json")
+    base_cells, other_cells = interval_cells(base_tables), interval_cells(other_tables)
+    read_points = {
+        pair: (section.get("read_at"), other_tables["pairs"][pair].get("read_at"))
+        for pair, section in base_tables.get("pairs", {}).items()
+        if pair in other_tables.get("pairs", {})
+        and section.get("read_at") != other_tables["pairs"][pair].get("read_at")
+    }
     base_claims = _claims(_read(base_dir, "claims.json"))
     other_claims = _claims(_read(other_dir, "claims.json"))
     cells = [CellPair(*key, base_cells[key], other_cells[key]) for key in base_cells if key in other_cells]
@@ -272,7 +299,7 @@ def compare_reports(base_dir: str | Path, other_dir: str | Path) -> Comparison:
         for pair, number in keys
         if (pair, number) not in missing
     ]
-    return Comparison(base_dir, other_dir, cells, claims, only)
+    return Comparison(base_dir, other_dir, cells, claims, only, read_points)
 
 
 def _number(value: Any) -> str:
@@ -290,6 +317,10 @@ def _claim_text(claim: dict[str, Any]) -> str:
 
 def _yes_no(value: bool | None) -> str:
     return "" if value is None else ("yes" if value else "**no**")
+
+
+def _verdicts(claim: ClaimPair) -> str:
+    return "rule changed" if claim.rule_changed else _yes_no(claim.same_verdict)
 
 
 def to_markdown(comparison: Comparison, figure: str | None = None) -> str:
@@ -311,7 +342,7 @@ def to_markdown(comparison: Comparison, figure: str | None = None) -> str:
     if figure:
         lines += [f"![other - base, cell by cell]({figure})", ""]
     claims = [
-        [c.pair, c.number, c.claim, _claim_text(c.base), _claim_text(c.other), _yes_no(c.same_verdict)]
+        [c.pair, c.number, c.claim, _claim_text(c.base), _claim_text(c.other), _verdicts(c)]
         for c in comparison.claims
     ]
     lines += ["## Claims", "", md_table(CLAIM_COLUMNS, claims), "", "## Cells", ""]
@@ -366,7 +397,7 @@ def draw(comparison: Comparison, path: Path) -> bool:
     s = comparison.summary()
     ax.set_title(
         f"{s['difference_excludes_zero']} of {s['with_difference_interval']} cells differ (~5% by chance)\n"
-        f"{s['same_verdict']} of {s['claims']} claims keep their verdict",
+        f"{s['same_verdict']} of {s['claims'] - len(s['rule_changed'])} claims keep their verdict",
         fontsize=10,
     )
     fig.tight_layout()
