@@ -117,7 +117,7 @@ def test_claim_14_names_the_correction_that_closes_the_gap():
     # three alternatives: each interval at 1 - 0.05/3 (Bonferroni), wider than one 95% interval
     assert [c.interval.confidence for c in closes.checks] == pytest.approx([1 - 0.05 / 3] * 3)
     assert "method_async_icepop: 98.3% CI" in closes.reason
-    assert "method_async_icepop 0.680 (tick" in closes.value and "(98.3%, n=3)" in closes.value
+    assert "method_async_icepop 0.680 ± " in closes.value and "(98.3%, n=3)" in closes.value
     by_seed = [{str(i): v for i, v in enumerate(spread(m, w))} for m, w in ((0.70, 0.002), (0.68, 0.004))]
     at_95 = stats.difference_interval(*by_seed)
     assert closes.interval.low < at_95.low and closes.interval.high > at_95.high

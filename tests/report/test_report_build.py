@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,10 @@ def test_claims_are_decided_on_the_seed_intervals_as_designed(built):
     assert claim4.values["tick"] == 60 and claim4.values["ratio"] == pytest.approx(100.0)
     assert claim4.interval.method == "fieller" and 10 < claim4.interval.low < 100 < claim4.interval.high
     assert "6.1" in claim4.note
+    claim2 = next(c for c in built.claims["A"] if c.number == 2)  # each seed mean with its interval
+    assert re.match(r"method [\d.]+ ± [\d.e-]+ \(n=3\) \(tick 50\) vs dense [\d.]+ ± ", claim2.value), (
+        claim2.value
+    )
     claim5 = next(c for c in built.claims["A"] if c.number == 5)
     assert [k.status for k in claim5.checks] == ["PASS", "INCONCLUSIVE"]
     assert (

@@ -120,7 +120,7 @@ def test_claim_10_needs_the_sampler_on_the_codec_to_learn_not_only_to_agree():
     flat = claims(_same_sampler_runs({t: 0.0 for t in range(0, 101, 10)}))[10]
     assert [c.status for c in flat.checks] == ["PASS", "MISS"]
     assert flat.status == "MISS" and flat.decided_by.quantity == "method_same_sampler score gain"
-    assert "its sampler's score 0.000 -> 0.000 at tick 100, gain 0 ± 0 (n=3)" in flat.value
+    assert "its sampler's score 0.000 ± 0 (n=3) -> 0.000 at tick 100, gain 0 ± 0 (n=3)" in flat.value
     learns = claims(_same_sampler_runs({t: 0.2 + 0.004 * t for t in range(0, 101, 10)}))[10]
     assert learns.status == "PASS" and learns.values["gain"] == pytest.approx(0.36)
 

@@ -192,6 +192,11 @@ def _mean(values: Mapping[str, float]) -> float:
     return sum(values.values()) / len(values)
 
 
+def _seed_mean(values: Mapping[str, float], spec: str = ".3f") -> str:
+    """The seed mean with its 95% interval and seed count, as the claims table prints a condition's value."""
+    return format_interval(stats.mean_interval(values.values()), spec)
+
+
 def _read(runs: PairRuns, condition: str, metric: str) -> tuple[dict[str, float], dict[str, int]]:
     """Per seed, the value of ``metric`` at the read tick, and that tick."""
     found = cv.per_seed(_series(runs, condition, metric), lambda s: cv.value_at(s, runs.read_at()))
@@ -234,7 +239,7 @@ def _dense_learns(runs: PairRuns, t: ClaimThresholds) -> Result:
     interval = stats.mean_interval(gain.values())
     score = _mean(start) + interval.estimate
     text = (
-        f"dense {_mean(start):.3f} -> {score:.3f} at tick {_ticks(ticks)}; gain {format_interval(interval)}"
+        f"dense {_seed_mean(start)} -> {score:.3f} at tick {_ticks(ticks)}; gain {format_interval(interval)}"
     )
     values = {"start": _mean(start), "score": score, "tick": _ticks(ticks), "gain": interval.estimate}
     return (check("dense gain", interval, "at_least", t.dense_min_gain),), text, values
@@ -255,7 +260,7 @@ def _method_vs_dense(
     (vm, tm), (vd, td) = method, dense
     diff = stats.difference_interval(vm, vd)
     text = (
-        f"method {_mean(vm):.3f} (tick {_ticks(tm)}) vs dense {_mean(vd):.3f} (tick {_ticks(td)}); "
+        f"method {_seed_mean(vm)} (tick {_ticks(tm)}) vs dense {_seed_mean(vd)} (tick {_ticks(td)}); "
         f"diff {format_interval(diff)}"
     )
     values = {
@@ -274,7 +279,7 @@ def _anchor_off_fails(runs: PairRuns, t: ClaimThresholds) -> Result:
     f = t.anchor_off_max_gain_fraction
     contrast = stats.difference_interval(gain_off, gain_dense, scale=f)
     text = (
-        f"anchor_off gain {_mean(gain_off):.3f} vs dense gain {_mean(gain_dense):.3f}; "
+        f"anchor_off gain {_seed_mean(gain_off)} vs dense gain {_seed_mean(gain_dense)}; "
         f"gain_off - {f:g} x gain_dense {format_interval(contrast)}"
     )
     values = {
@@ -289,7 +294,7 @@ def _method_kl_high(runs: PairRuns, t: ClaimThresholds) -> Result:
     tick, km, kd = _at_common_tick(runs, "method", "dense", "actor/kl_loss")
     ratio = stats.ratio_interval(km, kd, nonnegative=True)
     text = (
-        f"method {_mean(km):.4g} vs dense {_mean(kd):.4g} nats at tick {tick}; "
+        f"method {_seed_mean(km, '.4g')} vs dense {_seed_mean(kd, '.4g')} nats at tick {tick}; "
         f"ratio {format_interval(ratio, '.3g')}"
     )
     values = {"tick": tick, "method": _mean(km), "dense": _mean(kd), "ratio": ratio.estimate}
@@ -306,7 +311,7 @@ def _controls_kl_low(runs: PairRuns, t: ClaimThresholds) -> Result:
         ratio = stats.ratio_interval(kc, km, nonnegative=True)
         checks.append(check(f"KL {control} / method", ratio, "at_most", t.controls_max_kl_fraction))
         parts.append(
-            f"{control} {_mean(kc):.4g} vs method {_mean(km):.4g} nats at tick {tick}, "
+            f"{control} {_seed_mean(kc, '.4g')} vs method {_seed_mean(km, '.4g')} nats at tick {tick}, "
             f"ratio {format_interval(ratio, '.3g')}"
         )
         values |= {control: _mean(kc), f"method_at_{control}_tick": _mean(km), f"{control}_tick": tick}
@@ -341,7 +346,7 @@ def _same_sampler(runs: PairRuns, t: ClaimThresholds) -> Result:
     start, gain, ticks = _gains(runs, name)
     interval = stats.mean_interval(gain.values())
     text = (
-        f"{corr_text}; its sampler's score {_mean(start):.3f} -> {_mean(start) + interval.estimate:.3f} "
+        f"{corr_text}; its sampler's score {_seed_mean(start)} -> {_mean(start) + interval.estimate:.3f} "
         f"at tick {_ticks(ticks)}, gain {format_interval(interval)}"
     )
     gain_check = check(f"{name} score gain", interval, "at_least", t.same_sampler_min_gain)
@@ -351,7 +356,10 @@ def _same_sampler(runs: PairRuns, t: ClaimThresholds) -> Result:
 def _gap_ratio(runs: PairRuns, t: ClaimThresholds) -> Result:
     gm, gd = (_mean_over_ticks(runs, c, "mismatch/prob_gap") for c in ("method", "dense"))
     ratio = stats.ratio_interval(gm, gd, nonnegative=True)
-    text = f"method {_mean(gm):.4g} vs dense {_mean(gd):.4g}; ratio {format_interval(ratio, '.3g')}"
+    text = (
+        f"method {_seed_mean(gm, '.4g')} vs dense {_seed_mean(gd, '.4g')}; "
+        f"ratio {format_interval(ratio, '.3g')}"
+    )
     values = {"method": _mean(gm), "dense": _mean(gd), "ratio": ratio.estimate}
     return (check("prob gap method / dense", ratio, "at_least", t.gap_min_ratio),), text, values
 
@@ -378,7 +386,7 @@ def _beats_anchor_only(runs: PairRuns, t: ClaimThresholds) -> Result:
     (vm, tm), (va, ta) = _read(runs, "method", "val/acc"), _read(runs, "anchor_only", "val/acc")
     diff = stats.difference_interval(vm, va)
     text = (
-        f"method {_mean(vm):.3f} (tick {_ticks(tm)}) vs anchor_only {_mean(va):.3f} (tick {_ticks(ta)}); "
+        f"method {_seed_mean(vm)} (tick {_ticks(tm)}) vs anchor_only {_seed_mean(va)} (tick {_ticks(ta)}); "
         f"diff {format_interval(diff)}"
     )
     values = {"method": _mean(vm), "anchor_only": _mean(va), "diff": diff.estimate}
@@ -417,7 +425,7 @@ def _async_method_starves(runs: PairRuns, t: ClaimThresholds) -> Result:
     )
     text = (
         f"method_async effective token frac (fast ticks) {format_interval(frac, '.1%')}; val gain "
-        f"method_async {_mean(gm):.3f} (tick {_ticks(tm)}) vs dense_async {_mean(gd):.3f} "
+        f"method_async {_seed_mean(gm)} (tick {_ticks(tm)}) vs dense_async {_seed_mean(gd)} "
         f"(tick {_ticks(td)}), diff {format_interval(diff)}"
     )
     values = {
@@ -446,12 +454,12 @@ def _async_correction_closes_gap(runs: PairRuns, t: ClaimThresholds) -> Result:
         checks.append(
             check(f"val dense_async - {correction}", diff, "at_most", t.async_correction_max_val_gap)
         )
-        parts.append(f"{correction} {_mean(vc):.3f} (tick {_ticks(tc)}), diff {format_interval(diff)}")
+        parts.append(f"{correction} {_seed_mean(vc)} (tick {_ticks(tc)}), diff {format_interval(diff)}")
         values |= {correction: _mean(vc), f"diff_{correction}": diff.estimate}
     passing = [c for c, k in zip(present, checks, strict=True) if k.status == PASS]
     values["passing"] = ", ".join(passing) or "none"
     absent = [c for c in ASYNC_CORRECTIONS if c not in present]
-    text = f"dense_async {_mean(vd):.3f} (tick {_ticks(td)}) vs " + "; ".join(parts)
+    text = f"dense_async {_seed_mean(vd)} (tick {_ticks(td)}) vs " + "; ".join(parts)
     text += f"; not run: {', '.join(absent)}" if absent else ""
     return tuple(checks), text, values
 
@@ -468,7 +476,7 @@ def _async_tis_costs_nothing(runs: PairRuns, t: ClaimThresholds) -> Result:
     (vt, tt), (vd, td) = _read(runs, "dense_async_tis", "val/acc"), _read(runs, "dense_async", "val/acc")
     diff = stats.difference_interval(vt, vd)
     text = (
-        f"dense_async_tis {_mean(vt):.3f} (tick {_ticks(tt)}) vs dense_async {_mean(vd):.3f} "
+        f"dense_async_tis {_seed_mean(vt)} (tick {_ticks(tt)}) vs dense_async {_seed_mean(vd)} "
         f"(tick {_ticks(td)}); diff {format_interval(diff)}"
     )
     values = {"dense_async_tis": _mean(vt), "dense_async": _mean(vd), "diff": diff.estimate}
