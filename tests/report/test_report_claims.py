@@ -72,6 +72,20 @@ def test_a_run_that_did_not_finish_makes_its_claims_inconclusive_and_is_named():
     assert got[6].status == "PASS"  # dense alone: every run finished
 
 
+def test_a_seed_that_ended_before_the_read_tick_makes_its_claims_inconclusive_and_is_named():
+    """A run stopped early (a collapse alarm ends it FINISHED at tick 50): its val/acc at 50 was paired with
+    dense's at 100, seed by seed, and a verdict given."""
+    runs = base_runs()
+    runs[1] = run("method", "0", {0: 0.4, 50: 0.72}, {t: 0.2 for t in range(51)})
+    got = claims(runs)
+    for number in (11, 12):
+        assert got[number].status == "INCONCLUSIVE" and not got[number].checks
+        assert got[number].reason == (
+            "method seed 0 ends at tick 50, before the read tick 100: a claim reads every seed at the "
+            "read tick"
+        )
+
+
 @pytest.mark.parametrize(("anchor_only", "status"), [(0.62, "MISS"), (0.60, "PASS"), (0.64, "MISS")])
 def test_claim_12_needs_the_method_strictly_above_anchor_only(anchor_only, status):
     """The same val/acc in every seed (a fast circuit that adds nothing) is a MISS of "beats", not a PASS."""

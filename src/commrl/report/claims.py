@@ -198,8 +198,23 @@ def _seed_mean(values: Mapping[str, float], spec: str = ".3f") -> str:
 
 
 def _read(runs: PairRuns, condition: str, metric: str) -> tuple[dict[str, float], dict[str, int]]:
-    """Per seed, the value of ``metric`` at the read tick, and that tick."""
-    found = cv.per_seed(_series(runs, condition, metric), lambda s: cv.value_at(s, runs.read_at()))
+    """Per seed, the value of ``metric`` at the read tick, and that tick. A seed whose run ended before the
+    read tick (stopped early by a callback: a collapse alarm, a pruner) makes the claim INCONCLUSIVE and is
+    named: its last value would be paired with the other seeds' and conditions' values at the read tick."""
+    series, read_at = _series(runs, condition, metric), runs.read_at()
+    short = {
+        seed: int(s.steps.max())
+        for seed, s in series.items()
+        if read_at is not None and s.steps.max() < read_at
+    }
+    if short:
+        named = ", ".join(
+            f"{condition} seed {seed} ends at tick {tick}" for seed, tick in sorted(short.items())
+        )
+        raise _Unfinished(
+            f"{named}, before the read tick {read_at}: a claim reads every seed at the read tick"
+        )
+    found = cv.per_seed(series, lambda s: cv.value_at(s, read_at))
     if not found:
         raise _Missing(f"no {condition} tick of {metric} logged at or before the read tick {runs.read_at()}")
     return {k: v for k, (_, v) in found.items()}, {k: t for k, (t, _) in found.items()}
