@@ -390,6 +390,29 @@ def test_a_bad_async_setting_is_rejected_naming_the_field(override, field):
         load_train_config([override])
 
 
+def test_an_icepop_band_hydra_read_as_a_number_and_non_finite_bounds_are_rejected():
+    """Hydra and YAML read an unquoted 0.5_5 as the number 0.55 (a TIS cap below 1, shrinking every weight);
+    verl's parsers accept NaN (every weight NaN, or every sequence rejected); verl drops a repeated
+    rejection option before it counts the thresholds (it refused this one at tick 0)."""
+    is_token = "rl.rollout_correction.rollout_is=token"
+    with pytest.raises(ConfigError, match=r"=0\.55: a TIS cap below 1 .* read 0\.5_5 as the number 0\.55"):
+        load_train_config([is_token, "rl.rollout_correction.rollout_is_threshold=0.5_5"])
+    with pytest.raises(ConfigError, match=r"rollout_is_threshold='nan_5.0': a bound is not finite"):
+        load_train_config([is_token, "rl.rollout_correction.rollout_is_threshold='nan_5.0'"])
+    with pytest.raises(ConfigError, match=r"rollout_rs_threshold=nan: a bound is not finite"):
+        load_train_config(
+            ["rl.rollout_correction.rollout_rs=seq_mean_k3", "rl.rollout_correction.rollout_rs_threshold=nan"]
+        )
+    with pytest.raises(ConfigError, match=r"rollout_rs_threshold='0\.5_2\.0,0\.4_2\.5': .*exactly 1"):
+        load_train_config(
+            [
+                "rl.rollout_correction.rollout_rs='seq_mean_k1,seq_mean_k1'",
+                "rl.rollout_correction.rollout_rs_threshold='0.5_2.0,0.4_2.5'",
+            ]
+        )
+    load_train_config([is_token, "rl.rollout_correction.rollout_is_threshold='0.5_5.0'"])  # quoted: IcePop
+
+
 @pytest.mark.parametrize("threshold", ["-1.0", "5.0_0.5", "abc"])
 def test_an_out_of_range_threshold_is_rejected_naming_the_field(threshold):
     with pytest.raises(ConfigError, match=r"rl\.rollout_correction\.rollout_is_threshold"):

@@ -19,6 +19,7 @@ is the sampler's log-probs), and the verl driver sets verl's ``bypass_mode`` fro
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -77,15 +78,25 @@ class RolloutCorrection:
         if self.loss_type not in LOSS_TYPES:
             raise ConfigError(f"{prefix}.loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
         if self.rollout_is is not None:
+            field = f"{prefix}.rollout_is_threshold={self.rollout_is_threshold!r}"
             try:
-                helper._parse_rollout_is_threshold(self.rollout_is_threshold)
+                upper, lower = helper._parse_rollout_is_threshold(self.rollout_is_threshold)
             except (TypeError, ValueError) as err:
                 raise ConfigError(
-                    f"{prefix}.rollout_is_threshold={self.rollout_is_threshold!r}: {err} (a positive "
-                    "float for TIS, or 'lower_upper' with 0 < lower <= upper for IcePop)"
+                    f"{field}: {err} (a positive float for TIS, or 'lower_upper' with 0 < lower <= upper "
+                    "for IcePop)"
                 ) from None
+            if not all(math.isfinite(v) for v in (upper, lower) if v is not None):
+                raise ConfigError(f"{field}: a bound is not finite; give finite positive bounds")
+            if lower is None and upper < 1:
+                raise ConfigError(
+                    f"{field}: a TIS cap below 1 shrinks every weight, the ratio-one tokens' too; for "
+                    "IcePop's band quote 'lower_upper' with a decimal point in each (\"0.5_5.0\"): Hydra and "
+                    "YAML read 0.5_5 as the number 0.55"
+                )
         if self.rollout_rs is not None:
-            options = [o.strip() for o in str(self.rollout_rs).split(",") if o.strip()]
+            # verl drops repeated options before it counts the thresholds
+            options = list(dict.fromkeys(o.strip() for o in str(self.rollout_rs).split(",") if o.strip()))
             unknown = sorted(set(options) - helper.SUPPORTED_ROLLOUT_RS_OPTIONS)
             if not options or unknown:
                 raise ConfigError(
@@ -93,12 +104,13 @@ class RolloutCorrection:
                     f"{', '.join(unknown) or '(none)'}; verl supports "
                     + ", ".join(sorted(helper.SUPPORTED_ROLLOUT_RS_OPTIONS))
                 )
+            field = f"{prefix}.rollout_rs_threshold={self.rollout_rs_threshold!r}"
             try:
-                helper._parse_rollout_rs_thresholds(options, self.rollout_rs_threshold)
+                bands = helper._parse_rollout_rs_thresholds(options, self.rollout_rs_threshold)
             except (TypeError, ValueError) as err:
-                raise ConfigError(
-                    f"{prefix}.rollout_rs_threshold={self.rollout_rs_threshold!r}: {err}"
-                ) from None
+                raise ConfigError(f"{field}: {err}") from None
+            if not all(math.isfinite(v) for band in bands.values() for v in band.values() if v is not None):
+                raise ConfigError(f"{field}: a bound is not finite; give finite positive bounds")
 
     def to_verl(self, bypass_mode: bool):
         """verl's ``RolloutCorrectionConfig`` with these keys and ``bypass_mode``."""
