@@ -54,6 +54,15 @@ def test_a_warning_lead_shorter_than_the_checkpoint_or_to_the_batch_shell_is_rep
     assert "sweep jobs ask for --signal=B:USR1@900: B: signals the batch shell only" in out
 
 
+def test_a_warning_lead_as_long_as_the_time_limit_is_reported(workflow: Workflow):
+    """A 900 s lead on a 10-minute job: the warning would come at the start, every requeue a tick later."""
+    config = workflow.config(PAPER)
+    config["resources"]["train"]["runtime"] = 10
+    out = workflow.dry_run("--profile", "slurm", "--configfile", workflow.write_config(config)).output
+    assert "train jobs get their warning signal 900 s before the time limit, but their limit is 600 s" in out
+    assert "sweep jobs get their warning" not in out  # its runtime is the paper's 2880 minutes
+
+
 @pytest.mark.parametrize("name", PROFILES)
 def test_every_profile_parses_and_drives_a_dry_run(workflow: Workflow, name: str) -> None:
     result = workflow.dry_run("--profile", f"profiles/{name}")

@@ -363,18 +363,27 @@ def resources_of(kind):
 def signal_lead(kind, resources):
     """The warning lead in seconds of a job's `--signal=USR1@<lead>` (its slurm_extra; 0: none), for
     workflow/scripts/preemptible.sh. Warns once per kind when the lead is shorter than
-    resources.<kind>.checkpoint_s (the rest of a tick plus a checkpoint), or when `B:` sends the warning to
-    the batch shell only: the executor plugin's job script neither traps nor forwards it and dies of it."""
+    resources.<kind>.checkpoint_s (the rest of a tick plus a checkpoint), when it is not shorter than the
+    job's time limit (the warning would come at its start), or when `B:` sends the warning to the batch
+    shell only: the executor plugin's job script neither traps nor forwards it and dies of it."""
     match = SIGNAL_LEAD.search(str(resources.get("slurm_extra", "") or ""))
     if not match:
         return 0
     lead, need = int(match.group(2)), config["resources"][kind].get("checkpoint_s")
+    limit = 60 * int(resources.get("runtime", 0) or 0)
     if kind not in _lead_warned:
         if match.group(1) == "B:":
             _lead_warned.add(kind)
             logger.warning(
                 f"{kind} jobs ask for --signal=B:USR1@{lead}: B: signals the batch shell only, which dies of it "
                 f"and ends the job; use --signal=USR1@{lead} (every process of the job step)"
+            )
+        elif limit and lead >= limit:
+            _lead_warned.add(kind)
+            logger.warning(
+                f"{kind} jobs get their warning signal {lead} s before the time limit, but their limit is "
+                f"{limit} s (resources.{kind}.runtime): the warning comes at the start, and every requeue "
+                f"trains about a tick before it stops again; lower the lead or raise the runtime"
             )
         elif need and lead < need:
             _lead_warned.add(kind)
