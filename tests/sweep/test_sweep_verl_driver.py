@@ -157,6 +157,25 @@ def test_a_child_preempted_after_its_checkpoint_preempts_the_trial(env, verl_cfg
         VerlDriver(verl_cfg, poll_s=0.2, command=preempted)(plan(tmp_path), Recorder())
 
 
+def _dies_of_sigterm(also_the_worker: bool):
+    """A stand-in verl child that dies of SIGTERM, sending it to its worker first when ``also_the_worker``
+    (as Slurm signals every process of the job step)."""
+    worker = "os.kill(os.getppid(), signal.SIGTERM); " if also_the_worker else ""
+    code = f"import os, signal; {worker}os.kill(os.getpid(), signal.SIGTERM)"
+    return lambda cfg, params, out, run=None: [sys.executable, "-c", code]
+
+
+def test_a_child_killed_by_the_jobs_sigterm_preempts_the_trial_not_fails_it(env, verl_cfg, tmp_path):
+    """A bare SIGTERM (preemption, the time limit) reaches the worker and its verl child alike; the child
+    dies of it (status -15, that step not checkpointed): the worker, which got it too, reports a
+    preemption, so the trial is retried from its last checkpoint rather than failed as a crash."""
+    with preempt.watch(), pytest.raises(preempt.Preempted) as stop:
+        VerlDriver(verl_cfg, poll_s=0.2, command=_dies_of_sigterm(True))(plan(tmp_path), Recorder())
+    assert stop.value.signal_name == "SIGTERM"
+    with preempt.watch(), pytest.raises(SweepError, match=r"exited with status -15"):  # the child alone
+        VerlDriver(verl_cfg, poll_s=0.2, command=_dies_of_sigterm(False))(plan(tmp_path), Recorder())
+
+
 def test_a_pruned_trial_terminates_the_subprocess(env, verl_cfg, tmp_path):
     hooks = Recorder(stop_at=2)
     with pytest.raises(StopTraining, match="pruned at tick 2"):

@@ -90,7 +90,10 @@ class VerlDriver:
             except BaseException:
                 self._terminate(proc)
                 raise
-        if proc.returncode == preempt.EXIT_PREEMPTED:
+        # exit 75: the child checkpointed; any other status while this worker got the job's signal too (a
+        # bare SIGTERM reaches every process of the job step, and verl's step is lost): a preemption all the
+        # same, so the trial is retried, not failed as a crash
+        if proc.returncode == preempt.EXIT_PREEMPTED or (proc.returncode != 0 and preempt.requested()):
             raise preempt.Preempted(None, preempt.received())
         if proc.returncode != 0:
             raise SweepError(f"commrl verl-train exited with status {proc.returncode}; see {log_path}")
