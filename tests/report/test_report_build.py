@@ -96,7 +96,7 @@ def test_table_values_are_seed_means_with_intervals_of_the_logged_inputs(built):
     assert is_interval(mismatch["dense"]["log-prob corr"], 3, 0.999)
     assert is_interval(mismatch["method"]["async clip eps 0.2"], 3, 0.7)
     comm = table(built, "A", "bytes")
-    assert is_interval(comm["method"]["mean ratio vs dense"], 3, 0.1, point=True)
+    assert is_interval(comm["method"]["ratio vs own dense at read"], 3, 0.1, point=True)
     assert is_interval(comm["method"]["cumulative / dense"], 3, 0.1, point=True)
     assert is_interval(comm["dense"]["cumulative bytes"], 3, 61000.0, point=True)
     bench = {(r[1], r[2]): r for r in next(t for t in built.tables["A"] if t.key == "benchmarks").rows}

@@ -8,7 +8,7 @@ import pytest
 
 from commrl.report import evaluate_claims
 from commrl.report.runs import PairRuns, Series, TrainRun
-from commrl.report.tables import best_validation, mismatch_table
+from commrl.report.tables import best_validation, bytes_table, mismatch_table
 
 READ_AT = 100
 SEEDS = ("0", "1", "2")
@@ -158,3 +158,21 @@ def test_the_kl_claims_read_the_last_tick_every_seed_has_a_finite_value_at():
         if r.condition == "dense":
             r.metrics["actor/kl_loss"] = series({t: float("nan") if t == 150 else 0.01 for t in range(151)})
     assert "at tick 149" in claims(runs)[4].value
+
+
+def test_the_bytes_tables_ratio_is_the_running_ratio_at_the_read_tick_not_its_mean_over_ticks():
+    """``comm/ratio_vs_dense`` is cumulative bytes over cumulative dense bytes so far: tick 0's fire makes
+    it 1.0 there, and it falls to the run's ratio (0.4 at the read tick); its mean over ticks (0.58 here)
+    overstated the ratio, most for the runs that send least (anchor_off by ~29% in the tiny pair)."""
+    ratio = {0: 1.0, 25: 0.6, 50: 0.5, 100: 0.4, 150: 0.38}
+    runs = []
+    for seed in SEEDS:
+        metrics = {
+            "comm/ratio_vs_dense": series(ratio),
+            "comm/bytes_cumulative": series({0: 10.0, 100: 50.0}),
+        }
+        runs.append(
+            TrainRun(f"method-{seed}", "method", "method", "", seed, "FINISHED", READ_AT, 150, metrics)
+        )
+    (row,) = bytes_table(pair(runs)).rows
+    assert row[2].estimate == pytest.approx(0.4) and row[2].n == 3

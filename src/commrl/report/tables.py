@@ -256,14 +256,15 @@ def async_table(runs: PairRuns) -> Table | None:
 
 
 def bytes_table(runs: PairRuns) -> Table:
-    """Per seed the mean ``comm/ratio_vs_dense`` up to the read tick; cumulative bytes at the last tick every
-    seed logged; and cumulative relative to dense, the ratio of seed means ``mean_s B_c(t) / mean_s
-    B_dense(t)`` at ``t`` the last tick every seed of both logged (``stats.ratio_interval``, paired by seed
-    when the seeds match)."""
+    """Per seed ``comm/ratio_vs_dense`` at the read tick (the ledger's running ratio, the run's bytes so far
+    over its own dense equivalent so far: its mean over ticks weighed the first ticks' fires most);
+    cumulative bytes at the last tick every seed logged; and cumulative relative to dense, the ratio of seed
+    means ``mean_s B_c(t) / mean_s B_dense(t)`` at ``t`` the last tick every seed of both logged
+    (``stats.ratio_interval``, paired by seed when the seeds match)."""
     columns = [
         "condition",
         "seeds",
-        "mean ratio vs dense",
+        "ratio vs own dense at read",
         "last tick",
         "cumulative bytes",
         "cumulative / dense",
@@ -280,7 +281,9 @@ def bytes_table(runs: PairRuns) -> Table:
             [
                 condition,
                 max(len(ratio), len(cumulative)),
-                _interval(cv.per_seed(ratio, cv.windowed(cv.mean_over_ticks, runs.read_at())).values()),
+                _interval(
+                    v for _, v in cv.per_seed(ratio, lambda s: cv.value_at(s, runs.read_at())).values()
+                ),
                 last_tick,
                 last,
                 _relative(cumulative, dense),
