@@ -111,26 +111,28 @@ def test_weight_update_is_set_by_the_largest_stage():
     assert t[0] == pytest.approx(14e-6 + 7 / 8 * (gradients + parameters) / 12.5e9, rel=1e-12)
 
 
-def test_rs_ag_all_reduces_a_compressed_update_and_gathers_the_parameters_dense():
+def test_rs_ag_reduce_scatters_even_a_compressed_update_and_gathers_the_parameters_dense():
     """FSDP (``rs_ag``) on 4 stages x 2 replicas, 1e9 parameter bytes a stage: a dense update (W = P) is
     reduce-scattered and the parameters all-gathered, 2 (1 us + 1/2 * 1e9 / 12.5e9 s); a compressed one
-    (W = 1e8 a stage < P) is ring all-reduced, 2 us + 1e8 / 12.5e9 s, then the parameters all-gathered,
-    1 us + 1/2 * 1e9 / 12.5e9 s; DDP (``allreduce``) sends no parameters; given stage shares set both."""
+    (W = 1e8 a stage < P) is reduce-scattered dense all the same (verl's engine compresses the shards FSDP
+    reduced), 1 us + 1/2 * 1e9 / 12.5e9 s, its factors ring all-reduced after, 2 us + 1e8 / 12.5e9 s, then
+    the parameters all-gathered; DDP (``allreduce``) sends the factors alone (PowerSGD's DDP hook) and no
+    parameters; given stage shares set both."""
     fsdp, ddp = Layout(4, 2, 28, "rs_ag", gathers=1), Layout(4, 2, 28, "allreduce")
     dense = comm_time(ChannelBytes(0, 0, 4e9, 2, params=4e9), fsdp, IB100).weights
     assert dense == pytest.approx(2 * (1e-6 + 0.5 * 1e9 / 12.5e9), rel=1e-12)
     compressed = ChannelBytes(0, 0, 4e8, 2, params=4e9)
-    gather = 1e-6 + 0.5 * 1e9 / 12.5e9
+    gather = reduce = 1e-6 + 0.5 * 1e9 / 12.5e9
     assert comm_time(compressed, fsdp, IB100).weights == pytest.approx(
-        2e-6 + 1e8 / 12.5e9 + gather, rel=1e-12
+        reduce + 2e-6 + 1e8 / 12.5e9 + gather, rel=1e-12
     )
     assert comm_time(compressed, ddp, IB100).weights == pytest.approx(2e-6 + 1e8 / 12.5e9, rel=1e-12)
     per_tick = ChannelBytes(0, 0, np.array([4e9, 4e8]), 2, params=np.array([4e9, 4e9]))
     assert comm_time(per_tick, fsdp, IB100).weights.tolist() == pytest.approx(
-        [dense, 2e-6 + 1e8 / 12.5e9 + gather], rel=1e-12
+        [dense, reduce + 2e-6 + 1e8 / 12.5e9 + gather], rel=1e-12
     )
     shares = ChannelBytes(0, 0, 4e8, 2, stage_weights=2e8, params=4e9, stage_params=1.5e9)
-    expected = 2e-6 + 2e8 / 12.5e9 + 1e-6 + 0.5 * 1.5e9 / 12.5e9
+    expected = 2 * (1e-6 + 0.5 * 1.5e9 / 12.5e9) + 2e-6 + 2e8 / 12.5e9
     assert comm_time(shares, fsdp, IB100).weights == pytest.approx(expected, rel=1e-12)
 
 
@@ -139,12 +141,14 @@ def test_rs_ag_gathers_the_parameters_at_their_own_element_size():
     ``param_scale = 2 / 4``), 4 stages x 2 replicas, 1e9 gradient bytes a stage: a dense update
     reduce-scatters 1e9 bytes and all-gathers 0.5e9, 2 us + 1/2 x 1.5e9 / 12.5e9 s. Whether an update is
     compressed is judged against the dense update at the gradients' element size, not against the gathered
-    bytes: 3e9 of a dense 4e9 (0.75e9 a stage, above the 0.5e9 gathered) is still ring all-reduced."""
+    bytes: 3e9 of a dense 4e9 (0.75e9 a stage, above the 0.5e9 gathered) is still a compressed update, its
+    factors all-reduced after the dense reduce-scatter."""
     fsdp = Layout(4, 2, 28, "rs_ag", gathers=1)
     dense = comm_time(ChannelBytes(0, 0, 4e9, 2, param_scale=0.5), fsdp, IB100).weights
     assert dense == pytest.approx(2e-6 + 0.5 * 1.5e9 / 12.5e9, rel=1e-12)
     weak = comm_time(ChannelBytes(0, 0, 3e9, 2, params=4e9, param_scale=0.5), fsdp, IB100).weights
-    assert weak == pytest.approx(2e-6 + 0.75e9 / 12.5e9 + 1e-6 + 0.5 * 0.5e9 / 12.5e9, rel=1e-12)
+    reduce = 1e-6 + 0.5 * 1e9 / 12.5e9
+    assert weak == pytest.approx(reduce + 2e-6 + 0.75e9 / 12.5e9 + 1e-6 + 0.5 * 0.5e9 / 12.5e9, rel=1e-12)
     ddp = comm_time(ChannelBytes(0, 0, 4e9, 2, param_scale=0.5), Layout(4, 2, 28), IB100).weights
     assert ddp == pytest.approx(2e-6 + 1e9 / 12.5e9, rel=1e-12)  # DDP gathers no parameters
     for scale in (0.0, -1.0, float("nan"), float("inf")):
@@ -158,43 +162,47 @@ def test_pair_a_gathers_bf16_parameters_as_verls_fsdp_engine_does():
     reduce-scatter of the last stage's 4 x 560,960,000 gradient bytes and the all-gathers of its
     2 x 560,960,000 parameter bytes, gathered once: 2 x 7 x 50 us + 7/8 x 6 x 560,960,000 / 1.25e8 s =
     23.56 s (31.41 s when the parameters were charged at the gradients' 4 bytes); the method's fast tick
-    gathers the same bf16 parameters. As verl gathers them, once per traversal and micro-batch (4 x 86),
-    dense's tick sends 343 more gathers."""
+    gathers the same bf16 parameters, after the same reduce-scatter. As verl runs it, gathering once per
+    traversal and micro-batch (4 x 86) and reduce-scattering once per micro-batch (86), dense's tick sends
+    343 more gathers and 85 more reduce-scatters."""
     cfg = load_config(config_dir() / "pair_A.yaml")
     assert (cfg.analytic.param_bytes, cfg.analytic.grad_bytes, cfg.param_scale) == (2, 4, 0.5)
     inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=2, stages=4)
     assert inputs["dense"].param_scale == inputs["method"].param_scale == 0.5
     gbe = Link("1GbE", 1.0, 50.0)
-    once = replace(cfg.layout, gathers=1)
+    once = replace(cfg.layout, gathers=1, reduces=1)
     dense = inputs["dense"].comm(once, gbe).weights
     assert dense[0] == pytest.approx(14 * 50e-6 + 7 / 8 * 6 * 560_960_000 / 1.25e8, rel=1e-12)
     assert dense[0] == pytest.approx(23.561, abs=1e-3)
     fast = inputs["method"].comm(once, gbe).weights[1]
     gather = 7 * 50e-6 + 7 / 8 * 2 * 560_960_000 / 1.25e8
-    assert fast == pytest.approx(14 * 50e-6 + 7 / 4 * 4 * 34_070_144 / 1.25e8 + gather, rel=1e-12)
-    assert cfg.layout.gathers is None and cfg.layout.micro_batches == 86
+    reduce = 7 * 50e-6 + 7 / 8 * 4 * 560_960_000 / 1.25e8
+    assert fast == pytest.approx(reduce + 14 * 50e-6 + 7 / 4 * 4 * 34_070_144 / 1.25e8 + gather, rel=1e-12)
+    assert cfg.layout.gathers is None and cfg.layout.reduces is None and cfg.layout.micro_batches == 86
     assert inputs["dense"].comm(cfg.layout, gbe).weights[0] == pytest.approx(
-        dense[0] + 343 * gather, rel=1e-12
+        dense[0] + 343 * gather + 85 * reduce, rel=1e-12
     )
 
 
 def test_pair_a_method_under_rs_ag_gathers_the_dense_parameters():
-    """Pair A on 4 stages x 8 replicas, FSDP: a fast tick ring-all-reduces the last stage's PowerSGD factors,
-    4 x 34,070,144 bytes, 2 x 7 latencies + 7/4 of the bytes, and all-gathers its parameters in bf16
-    (verl's FSDP param_dtype), 2 x 560,960,000 bytes, 7 latencies + 7/8 of the bytes; a fire tick updates
-    dense, as dense does: reduce-scatter of the fp32 gradients, 4 x 560,960,000 bytes, and all-gather of
-    the bf16 parameters, 2 x (7 latencies) + 7/8 of both."""
+    """Pair A on 4 stages x 8 replicas, FSDP reducing and gathering once a tick: a fast tick reduce-scatters
+    the last stage's fp32 gradients, 4 x 560,960,000 bytes, as dense does (verl's engine compresses the
+    reduced shards), ring-all-reduces its PowerSGD factors, 4 x 34,070,144 bytes, 2 x 7 latencies + 7/4 of
+    the bytes, and all-gathers its parameters in bf16 (verl's FSDP param_dtype), 2 x 560,960,000 bytes,
+    7 latencies + 7/8 of the bytes; a fire tick updates dense, as dense does. Under DDP the factors travel
+    instead of the gradients (PowerSGD's hook)."""
     cfg = load_config(config_dir() / "pair_A.yaml")
     assert cfg.layout.collective == "rs_ag"
     inputs = analytic_inputs(cfg.analytic, Compute(None), ticks=21, stages=4)
     method, dense = inputs["method"], inputs["dense"]
-    t = method.comm(replace(cfg.layout, gathers=1), IB100).weights
+    once = replace(cfg.layout, gathers=1, reduces=1)
+    t = method.comm(once, IB100).weights
     factors, gradients, params = 4 * 34_070_144, 4 * 560_960_000, 2 * 560_960_000
     assert cfg.analytic.param_bytes == 2 and cfg.analytic.grad_bytes == 4
-    assert t[1] == pytest.approx(21e-6 + (7 / 4 * factors + 7 / 8 * params) / 12.5e9, rel=1e-12)
     dense_update = 14e-6 + 7 / 8 * (gradients + params) / 12.5e9
+    assert t[1] == pytest.approx(dense_update + 14e-6 + 7 / 4 * factors / 12.5e9, rel=1e-12)
     assert t[0] == pytest.approx(dense_update, rel=1e-12) and t[20] == t[0]
-    assert np.all(dense.comm(replace(cfg.layout, gathers=1), IB100).weights == t[0])
+    assert np.all(dense.comm(once, IB100).weights == t[0])
     ddp = replace(cfg.layout, collective="allreduce")
     assert method.comm(ddp, IB100).weights[1] == pytest.approx(14e-6 + 7 / 4 * factors / 12.5e9, rel=1e-12)
 
@@ -322,3 +330,22 @@ def test_fsdp_gathers_the_parameters_once_per_traversal_and_micro_batch_unless_t
     )
     with pytest.raises(NetModelError, match=r"layout.gathers=0 is invalid: must be an integer >= 1 or null"):
         replace(once, gathers=0)
+
+
+def test_fsdp_reduce_scatters_the_gradients_once_per_micro_batch_unless_told():
+    """verl's FSDP engine runs with ``use_no_sync_for_gradient_accumulation: false`` (its generated config)
+    and reduce-scatters after every micro-batch's backward: ``reduces`` unset is ``m`` reduce-scatters a
+    tick of the dense gradients (5 here), for the method's compressed update as for dense; 1 is
+    accumulation (no_sync); DDP does not change; a bad count names the key."""
+    per_mb = Layout(4, 2, 28, "rs_ag", 5, gathers=1)
+    once = replace(per_mb, reduces=1)
+    reduce = 1e-6 + 0.5 * 1e9 / 12.5e9
+    for update in (4e9, 4e8):  # dense, and a compressed update's factors
+        t1 = comm_time(ChannelBytes(0, 0, update, 3, params=4e9), once, IB100).weights
+        t5 = comm_time(ChannelBytes(0, 0, update, 3, params=4e9), per_mb, IB100).weights
+        assert t5 == pytest.approx(t1 + 4 * reduce, rel=1e-12)
+    ddp = replace(per_mb, collective="allreduce")
+    assert comm_time(ChannelBytes(0, 0, 4e9, 3), ddp, IB100).weights == pytest.approx(2e-6 + 1e9 / 12.5e9)
+    assert "once per micro-batch" in per_mb.describe() and "3x a tick" in replace(once, reduces=3).describe()
+    with pytest.raises(NetModelError, match=r"layout.reduces=0 is invalid: must be an integer >= 1 or null"):
+        replace(once, reduces=0)

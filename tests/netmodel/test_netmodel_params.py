@@ -242,9 +242,10 @@ def test_the_command_prints_pair_a_at_a_link_of_ones_own(capsys, tmp_path):
     of compute: dense's 4 traversals of 5.772e12 bytes, (86 + 2) / 86 x 5.772e12 / (28 * 8) bytes and
     4 x 88 messages per boundary (8.440 s), plus the reduce-scatter over 8 ranks of the last stage's
     2.244e9 gradient bytes (fp32; 7 layers, the final norm and the tied head: 0.628 s) and the all-gather
-    of its 1.122e9 parameter bytes (bf16, verl's FSDP param_dtype: 0.314 s), gathered once (``--gathers
-    1``): 9.382 s; no store, so no time to target. As verl's FSDP gathers them by default, once per
-    traversal and micro-batch, 4 x 86 gathers: 343 more."""
+    of its 1.122e9 parameter bytes (bf16, verl's FSDP param_dtype: 0.314 s), reduced and gathered once
+    (``--gathers 1 --reduces 1``): 9.382 s; no store, so no time to target. As verl's FSDP runs by default,
+    gathering once per traversal and micro-batch (4 x 86) and reduce-scattering once per micro-batch (86):
+    343 more gathers and 85 more reduce-scatters."""
     uri = f"sqlite:///{tmp_path / 'none.db'}"
     argv = ["netmodel", "--pair", "A", "--tracking-uri", uri, "--compute-s", "400"]
     argv += ["--bandwidth-gbps", "25", "--latency-us", "5", "--stages", "4", "--dp", "8"]
@@ -257,9 +258,10 @@ def test_the_command_prints_pair_a_at_a_link_of_ones_own(capsys, tmp_path):
         row = next(line for line in out.splitlines() if line.startswith("custom") and "no overlap" in line)
         return [c.strip() for c in row.split("|")]
 
-    cells = dense_row(["--gathers", "1"])
+    cells = dense_row(["--gathers", "1", "--reduces", "1"])
     assert cells[:4] == ["custom", "25", "5", "no overlap"]
     assert float(cells[4]) == pytest.approx(9.3824, abs=1e-3)  # dense comm s
     assert float(cells[6]) == pytest.approx(409.3824, abs=0.01)  # dense tick, no overlap
     gather = 7 * 5e-6 + 7 / 8 * 2 * 560_960_000 / 3.125e9
-    assert float(dense_row([])[4]) == pytest.approx(9.3824 + 343 * gather, abs=0.01)
+    reduce = 7 * 5e-6 + 7 / 8 * 4 * 560_960_000 / 3.125e9
+    assert float(dense_row([])[4]) == pytest.approx(9.3824 + 343 * gather + 85 * reduce, abs=0.01)

@@ -97,21 +97,25 @@ def test_time_to_target_from_the_analytic_ledger(built):
 
 
 def test_rs_ag_gathers_the_dense_runs_parameters_after_the_methods_update(net_store_uri, runs_config, series):
-    """``bytes: runs`` under FSDP (``rs_ag``, parameters gathered once a tick): the method's 2e7 update bytes
-    a tick (5 stages, 2 replicas)
-    are ring-all-reduced, 2 latencies + 2e7 / 5 / beta, and the parameters all-gathered dense, dense's 2e8
-    update bytes a tick, 1 latency + 1/2 x 2e8 / 5 / beta; dense reduce-scatters and all-gathers its own."""
+    """``bytes: runs`` under FSDP (``rs_ag``, reduced and gathered once a tick): the method's gradients are
+    reduce-scattered dense as dense's are, dense's 2e8 update bytes a tick (5 stages, 2 replicas), 1 latency
+    + 1/2 x 2e8 / 5 / beta, its 2e7 factor bytes ring-all-reduced after, 2 latencies + 2e7 / 5 / beta, and
+    the parameters all-gathered dense, 1 latency + 1/2 x 2e8 / 5 / beta; dense reduce-scatters and
+    all-gathers its own."""
     import numpy as np
 
     from commrl.netmodel import pair_inputs
 
-    pi = pair_inputs(load_config(runs_config).with_overrides(collective="rs_ag", gathers=1), net_store_uri)
+    pi = pair_inputs(
+        load_config(runs_config).with_overrides(collective="rs_ag", gathers=1, reduces=1), net_store_uri
+    )
     dense_w, method_w = series.NETWORK_BYTES["dense"][1], series.NETWORK_BYTES["method"][1]
     link = named_link("1GbE")
     for seed, method in pi.ticks["method"].items():
         assert np.all(method.params == dense_w), seed
         t = method.comm(pi.layout, link).weights
-        assert np.allclose(t, 2 * ALPHA + method_w / 5 / BETA + ALPHA + dense_w / 10 / BETA, rtol=1e-12)
+        reduce = gather = ALPHA + dense_w / 10 / BETA
+        assert np.allclose(t, reduce + 2 * ALPHA + method_w / 5 / BETA + gather, rtol=1e-12)
     for dense in pi.ticks["dense"].values():
         assert dense.params is None
         t = dense.comm(pi.layout, link).weights
@@ -123,21 +127,22 @@ def test_rs_ag_gathers_the_runs_parameters_at_the_configs_element_size(
 ):
     """``element_bytes: {grads: 4, params: 2}`` (fp32 gradients in the ledger, bf16 parameters gathered, as
     verl's FSDP does by default): every all-gather carries half of dense's 2e8 update bytes a tick, the
-    method's after its all-reduced 2e7 and dense's after its reduce-scattered 2e8."""
+    method's after its reduce-scattered 2e8 and all-reduced 2e7 and dense's after its reduce-scattered 2e8."""
     import numpy as np
 
     from commrl.netmodel import pair_inputs
 
     path = tmp_path / "pair_A_bf16.yaml"
     path.write_text(runs_config.read_text().replace("params: 4}", "params: 2}"))
-    cfg = load_config(path).with_overrides(collective="rs_ag", gathers=1)
+    cfg = load_config(path).with_overrides(collective="rs_ag", gathers=1, reduces=1)
     assert cfg.param_scale == 0.5
     pi = pair_inputs(cfg, net_store_uri)
     dense_w, method_w = series.NETWORK_BYTES["dense"][1], series.NETWORK_BYTES["method"][1]
     link, gather = named_link("1GbE"), ALPHA + dense_w / 2 / 10 / BETA
     for method in pi.ticks["method"].values():
         t = method.comm(pi.layout, link).weights
-        assert np.allclose(t, 2 * ALPHA + method_w / 5 / BETA + gather, rtol=1e-12)
+        reduce = ALPHA + dense_w / 10 / BETA  # the dense reduce-scatter before the factors' all-reduce
+        assert np.allclose(t, reduce + 2 * ALPHA + method_w / 5 / BETA + gather, rtol=1e-12)
     for dense in pi.ticks["dense"].values():
         t = dense.comm(pi.layout, link).weights
         assert np.allclose(t, ALPHA + dense_w / 10 / BETA + gather, rtol=1e-12)

@@ -29,6 +29,7 @@ FLAGS = {  # a NetModelError's field -> the option that sets it
     "layout.collective": "--collective",
     "layout.micro_batches": "--micro-batches",
     "layout.gathers": "--gathers",
+    "layout.reduces": "--reduces",
     "compute.train_s": "--compute-s",
     "compute.method_train_s": "--method-compute-s",
     "compute.sample_s": "--sample-s",
@@ -69,6 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="rs_ag: parameter all-gathers per tick (default: the config's; null there: one per traversal "
         "and micro-batch, FSDP's reshard_after_forward)",
+    )
+    parser.add_argument(
+        "--reduces",
+        type=int,
+        default=None,
+        help="rs_ag: gradient reduce-scatters per tick (default: the config's; null there: one per "
+        "micro-batch, as verl's FSDP engine runs; 1: accumulated, once per update)",
     )
     parser.add_argument(
         "--compute-s", type=float, default=None, help="analytic pairs: dense trainer compute per tick (s)"
@@ -112,6 +120,7 @@ def _config(args: argparse.Namespace) -> NetmodelConfig:
         target_fraction=args.target_fraction,
         micro_batches=args.micro_batches,
         gathers=args.gathers,
+        reduces=args.reduces,
     )
 
 

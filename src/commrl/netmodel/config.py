@@ -3,9 +3,9 @@
 Keys: ``pair``; ``bytes`` (``runs``: bytes per tick from the runs' ``comm/*``, compute from their
 ``time/*``; ``analytic``: bytes of ``model`` and ``analytic`` as verl's engine counts them, compute from
 ``compute``); ``compressed`` (the condition compared with dense); ``layout`` (``stages``, ``dp``,
-``collective``, ``micro_batches``, ``gathers``; ``points`` with ``bytes: runs``, derived from the model with
-``analytic``); ``passes`` (``bytes: runs`` only: the boundary traversals the runs' driver counts on a
-``fast`` tick and on a ``fire`` tick, derived from the engine's passes with ``analytic``); ``element_bytes``
+``collective``, ``micro_batches``, ``gathers``, ``reduces``; ``points`` with ``bytes: runs``, derived from the
+model with ``analytic``); ``passes`` (``bytes: runs`` only: the boundary traversals the runs' driver counts on
+a ``fast`` tick and on a ``fire`` tick, derived from the engine's passes with ``analytic``); ``element_bytes``
 (``bytes: runs`` only: ``grads``, the element size of the gradients the runs' ``comm/bytes_weights``
 counts, and ``params``, that of the parameters FSDP (``rs_ag``) all-gathers; ``analytic.grad_bytes`` and
 ``analytic.param_bytes`` with ``analytic``);
@@ -124,6 +124,7 @@ class NetmodelConfig:
         target_fraction: float | None = None,
         micro_batches: int | None = None,
         gathers: int | None = None,
+        reduces: int | None = None,
     ) -> NetmodelConfig:
         """The same config with the given values replaced (validated again)."""
         layout = Layout(
@@ -133,6 +134,7 @@ class NetmodelConfig:
             self.layout.collective if collective is None else collective,
             self.layout.micro_batches if micro_batches is None else micro_batches,
             self.layout.gathers if gathers is None else gathers,
+            self.layout.reduces if reduces is None else reduces,
         )
         if (compute is not None or tokens_per_tick is not None) and self.source != "analytic":
             flag = "compute" if compute is not None else "tokens_per_tick"

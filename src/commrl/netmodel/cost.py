@@ -18,16 +18,19 @@ micro-batches per pass and replica:
   ``m`` micro-batches; a pipelined schedule (GPipe, 1F1B) crosses the ``S - 1`` boundaries in
   ``m + S - 2`` transfers of ``A_k / (P D m)`` bytes on its critical path;
 - basis refresh: each boundary's ``d * r`` basis, ``R / P`` bytes, one message, boundaries concurrently;
-- weights: each stage reduces its own parameters' share across the ``D`` replicas, stages concurrently,
-  so the largest stage's share sets the time (``links.COLLECTIVES``): ``allreduce`` (DDP) ring all-reduces
-  the update; ``rs_ag`` (FSDP) reduce-scatters dense gradients, ring all-reduces compressed ones
-  (PowerSGD's factors), and all-gathers the parameters, dense, at their own element size, ``g`` times a
-  tick: ``c P`` bytes each, ``P`` the tick's updates sent dense (the parameter count at the gradients'
-  element size, per optimizer step) and ``c = param_bytes / grad_bytes`` (FSDP's mixed-precision
-  ``param_dtype`` over its ``reduce_dtype``: bf16 over fp32, ``c = 1/2``, in verl's FSDP engine by
-  default); ``g = n m`` (``Layout.gathers`` None: FSDP's ``reshard_after_forward``, verl's default, gathers
-  them for every micro-batch of every traversal, the reference model's as the policy's), or as given. The
-  gathers are the same for dense and the method: they are what the method does not compress;
+- weights: each stage reduces its own parameters' share across the ``D`` replicas, stages concurrently, so the
+  largest stage's share sets the time (``links.COLLECTIVES``): ``allreduce`` (DDP) ring all-reduces the update
+  (a compressed one as PowerSGD's DDP hook does, its factors instead of the gradients); ``rs_ag`` (FSDP)
+  reduce-scatters the dense gradients ``u`` times a tick (``Layout.reduces`` None: once per micro-batch, ``u =
+  m``, as verl's FSDP engine does), and a compressed update's factors are all-reduced after that (verl's
+  engine compresses the gradient shards FSDP has reduced: FSDP has no hook that would send the factors
+  instead), then all-gathers the parameters, dense, at their own element size, ``g`` times a tick: ``c P``
+  bytes each, ``P`` the tick's updates sent dense (the parameter count at the gradients' element size, per
+  optimizer step) and ``c = param_bytes / grad_bytes`` (FSDP's mixed-precision ``param_dtype`` over its
+  ``reduce_dtype``: bf16 over fp32, ``c = 1/2``, in verl's FSDP engine by default); ``g = n m``
+  (``Layout.gathers`` None: FSDP's ``reshard_after_forward``, verl's default, gathers them for every
+  micro-batch of every traversal, the reference model's as the policy's), or as given. The gathers and
+  reduce-scatters are the same for dense and the method: they are what the method does not compress;
 - channels run one after the other (activations during the passes, the update after them).
 
 Compute time is an input, not modelled. ``train_s`` is the trainer's compute that communication can hide
@@ -101,23 +104,22 @@ def weight_time(
     params: Value | None = None,
     param_scale: float = 1.0,
     gathers: Value = 1,
+    reduces: Value = 1,
 ) -> Value:
     """Weight update: the largest stage's share ``W_s`` of the update and ``P_s`` of the tick's updates
     sent dense (None: ``W_s``, a dense update; both at the gradients' element size) across the ``D``
     replicas (stages concurrently). ``allreduce`` (DDP): ``t = ring_allreduce(W_s, D)``. ``rs_ag`` (FSDP):
-    ``t = reduce_scatter(W_s, D) + g all_gather(c P_s, D)`` for dense gradients (``W_s = P_s``),
-    ``t = ring_allreduce(W_s, D) + g all_gather(c P_s, D)`` for a compressed update (``W_s < P_s``:
-    PowerSGD's factors are all-reduced, the parameters gathered dense); ``c = param_scale``, the parameters'
-    element size over the gradients' (``param_bytes / grad_bytes``), ``g = gathers``, the parameter
-    all-gathers of the tick."""
+    ``t = u reduce_scatter(P_s, D) + g all_gather(c P_s, D)`` for dense gradients (``W_s = P_s``), plus
+    ``ring_allreduce(W_s, D)`` for a compressed update (``W_s < P_s``: FSDP reduce-scatters the dense
+    gradients all the same, and PowerSGD's factors are all-reduced on the reduced shards, as verl's engine
+    runs it); ``c = param_scale``, the parameters' element size over the gradients' (``param_bytes /
+    grad_bytes``), ``g = gathers`` and ``u = reduces``, the parameter all-gathers and gradient
+    reduce-scatters of the tick."""
     if layout.collective == "allreduce":
         return ring_allreduce_time(share, layout.dp, link)
     params = share if params is None else params
-    reduce = np.where(
-        np.asarray(share) < params,
-        ring_allreduce_time(share, layout.dp, link),
-        reduce_scatter_time(share, layout.dp, link),
-    )
+    factors = np.where(np.asarray(share) < params, ring_allreduce_time(share, layout.dp, link), 0.0)
+    reduce = reduces * reduce_scatter_time(np.asarray(params), layout.dp, link) + factors
     return reduce + gathers * all_gather_time(param_scale * np.asarray(params), layout.dp, link)
 
 
@@ -176,16 +178,17 @@ def comm_time(nbytes: ChannelBytes, layout: Layout, link: Link) -> CommTime:
     """``t_comm = t_act + t_basis + t_weights`` (``activation_time``, ``basis_time``, ``weight_time`` of
     ``stage_weights``, else ``W / S``, and of ``stage_params``, else ``P / S``, else the weights', the
     all-gathers at ``param_scale``, ``layout.gathers`` of them, else ``n m``: one per traversal and
-    micro-batch)."""
+    micro-batch; the gradient reduce-scatters ``layout.reduces``, else ``m``: one per micro-batch)."""
     share = nbytes.weights / layout.stages if nbytes.stage_weights is None else nbytes.stage_weights
     params = nbytes.stage_params
     if params is None and nbytes.params is not None:
         params = nbytes.params / layout.stages
     gathers = nbytes.passes * layout.micro_batches if layout.gathers is None else layout.gathers
+    reduces = layout.micro_batches if layout.reduces is None else layout.reduces
     return CommTime(
         activation_time(nbytes.activations, nbytes.passes, layout, link),
         basis_time(nbytes.basis, layout, link),
-        weight_time(share, layout, link, params, nbytes.param_scale, gathers),
+        weight_time(share, layout, link, params, nbytes.param_scale, gathers, reduces),
     )
 
 

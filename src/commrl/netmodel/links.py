@@ -161,7 +161,11 @@ class Layout:
         ``rs_ag`` all-gathers the parameters in a tick (None: once per traversal and micro-batch, ``n m``:
         FSDP's ``reshard_after_forward``, verl's default and what the anchor needs, frees the parameters
         after each micro-batch's forward and gathers them again for its backward and the next one; 1: kept
-        gathered through the tick, the least FSDP can send)."""
+        gathered through the tick, the least FSDP can send), and ``reduces``, how many times ``rs_ag``
+        reduce-scatters the dense gradients in a tick (None: once per micro-batch, ``m``: verl's FSDP engine
+        runs with ``use_no_sync_for_gradient_accumulation: false``, its generated config's value, and
+        reduce-scatters after every micro-batch's backward; 1: accumulated, once per update; exact for one
+        update a tick, as pair A takes)."""
 
     stages: int
     dp: int
@@ -169,19 +173,25 @@ class Layout:
     collective: str = "allreduce"
     micro_batches: int = 1
     gathers: int | None = None
+    reduces: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("stages", "dp", "points", "micro_batches"):
             value = getattr(self, field)
             if not _integer(value) or value < 1:
                 raise invalid(f"layout.{field}", value, "must be an integer >= 1", "give a whole number")
-        if self.gathers is not None and (not _integer(self.gathers) or self.gathers < 1):
-            raise invalid(
-                "layout.gathers",
-                self.gathers,
-                "must be an integer >= 1 or null (once per traversal and micro-batch)",
-                "give a whole number, or null",
-            )
+        for field, null in (
+            ("gathers", "once per traversal and micro-batch"),
+            ("reduces", "once per micro-batch"),
+        ):
+            value = getattr(self, field)
+            if value is not None and (not _integer(value) or value < 1):
+                raise invalid(
+                    f"layout.{field}",
+                    value,
+                    f"must be an integer >= 1 or null ({null})",
+                    "give a whole number, or null",
+                )
         if self.stages - 1 > self.points:
             raise invalid(
                 "layout.stages",
@@ -207,9 +217,10 @@ class Layout:
             times = (
                 "once per traversal and micro-batch" if self.gathers is None else f"{self.gathers}x a tick"
             )
+            reduces = "once per micro-batch" if self.reduces is None else f"{self.reduces}x a tick"
             collective = (
-                "reduce-scatter (compressed updates: all-reduce), and all-gathers of the parameters, "
-                f"{times} (FSDP)"
+                f"reduce-scatter of the dense gradients, {reduces} (a compressed update's factors "
+                f"all-reduced after it), and all-gathers of the parameters, {times} (FSDP)"
             )
         return (
             f"{self.stages} pipeline stages ({self.boundaries} boundaries of {self.points} compression "
