@@ -111,6 +111,25 @@ def test_an_unevaluated_operation_is_no_integer_answer(answer):
 
 
 @pytest.mark.parametrize(
+    ("answer", "truth", "reward"),
+    [
+        ("2^{10}", "1024", 1.0),
+        ("10^{6}", "1000000", 1.0),
+        ("10^6", "1000000", 1.0),
+        ("1.5 \\times 10^{3}", "1500", 1.0),
+        ("2^{10}", "1000", 0.0),
+        ("2^{7}+38", "166", 0.0),
+        ("3\\cdot 5", "15", 0.0),
+    ],
+)
+def test_a_power_or_scientific_notation_is_a_number_not_an_echoed_operation(answer, truth, reward):
+    """The echo guard took ``2^{10}`` for 1024 (MATH500's and AIME's answers are integers) as an operation
+    and scored it 0; a single power, or a mantissa times a power of 10, is how numbers are written, and
+    the toy task (+ - * only) never asks for one. A product or a sum stays an echoed operation."""
+    assert boxed_reward(f"\\boxed{{{answer}}}", truth) == reward
+
+
+@pytest.mark.parametrize(
     ("answer", "truth"), [("1,000", "1000"), ("-5", "-5"), ("+5", "5"), ("5^\\circ", "5")]
 )
 def test_numbers_written_as_numbers_still_score(answer, truth):

@@ -33,6 +33,11 @@ from commrl.data.boxed import last_boxed
 _INTEGER = re.compile(r"[+-]?\d+")
 # an operation between two numbers: ``93+73``, ``7 \times 8``, ``2^{10}``
 _EXPRESSION = re.compile(r"\d\s*(?:[-+*/^×÷]|\\(?:times|cdot|div)\b)\s*[-+{(]?\s*\d")
+# a number written as a power or in scientific notation, not an operation the question asked for: ``2^{10}``,
+# ``10^6``, ``1.5 \times 10^{3}`` (the toy task's operators are + - *, so no echoed question has this form)
+_NUMBER_NOTATION = re.compile(
+    r"[+-]?\d+(?:\.\d+)?\s*(?:(?:\\times|\\cdot|×)\s*10\s*)?\^\s*(?:\{\s*[+-]?\d+\s*\}|[+-]?\d+)"
+)
 _E_NOTATION = re.compile(r"\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)[eE]([+-]?\d+)\s*")
 FLOAT_DECIMALS, NUMERIC_PRECISION = 6, 15  # math-verify's defaults (float_rounding, numeric_precision) ...
 SIGNIFICANT_DIGITS = 3  # ... with more digits where the ground truth is small, so that this many of it count
@@ -198,8 +203,8 @@ def boxed_reward(response: str, ground_truth: str) -> float:
     answer, truth = answer.strip(), str(ground_truth).strip()
     if answer == truth:
         return 1.0
-    if _INTEGER.fullmatch(truth) and _EXPRESSION.search(answer):  # an echoed question is no answer
-        return 0.0
+    if _INTEGER.fullmatch(truth) and _EXPRESSION.search(answer) and not _NUMBER_NOTATION.fullmatch(answer):
+        return 0.0  # an echoed question is no answer; a power or 1.5 x 10^3 is a number
     if _INTEGER.fullmatch(answer) and _INTEGER.fullmatch(truth):  # math-verify's verdict, ~1000x faster
         return float(int(answer) == int(truth))
     return 1.0 if verify_answer(truth, answer) else 0.0
