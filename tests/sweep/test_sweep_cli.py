@@ -31,7 +31,7 @@ def rule_commands() -> dict[str, str]:
 def argv(command: str, **values: str) -> list[str]:
     """The command's arguments after ``commrl``, placeholders filled, the log redirection dropped, and the
     preemption wrapper (workflow/scripts/preemptible.sh, tested through Slurm in tests/workflow) left out."""
-    command = command.split(" > {log}")[0].removeprefix("{params.preemptible} {log} ")
+    command = command.split(" > {log}")[0].removeprefix("exec {params.preemptible} {log} ")
     for key, value in values.items():
         command = command.replace("{" + key + "}", value)
     assert "{" not in command, command
@@ -43,7 +43,7 @@ def argv(command: str, **values: str) -> list[str]:
 def test_the_rules_commands_run(env, tmp_path, sweep_dict, write_config):
     commands = rule_commands()
     assert set(commands) == {"sweep_init", "sweep_worker", "sweep_summary"}
-    assert commands["sweep_worker"].startswith("{params.preemptible} {log} commrl sweep worker")
+    assert commands["sweep_worker"].startswith("exec {params.preemptible} {log} commrl sweep worker")
     sweep_dict.update(n_trials=2)
     config = str(write_config(sweep_dict))
     study_dir = tmp_path / "results" / "sweeps" / "tiny" / "tiny-method"
