@@ -425,6 +425,30 @@ def test_resume_is_bit_identical(cfg):
     assert resumed_ctrl.ledger.cumulative == ctrl.ledger.cumulative
 
 
+def test_a_resume_puts_the_per_parameter_state_on_the_device_asked_for(monkeypatch):
+    """verl's load with ``param_offload`` leaves the parameters on the CPU while the engine loads the
+    controller, whose error, Q and memory then met the GPU's gradients at the next fast tick: ``device``
+    places them where the parameters train. Here the parameters report ``meta`` while loading."""
+    from commrl.compression import anchor
+
+    cfg = MethodConfig(rank=8, cadence=2)
+    model, ctrl, opt = make(cfg)
+    run_ticks(model, ctrl, opt, 3)  # a fire and a fast tick: error, Q and memory exist
+    state = ctrl.state_dict()
+    monkeypatch.setattr(anchor, "local_tensor", lambda p: torch.empty(0, device="meta"))
+    _, resumed, _ = make(cfg, seed=1)
+    resumed.load_state_dict(state, device=torch.device("cpu"))
+    buffers = [
+        *resumed.powersgd.error.values(),
+        *resumed.powersgd.q.values(),
+        *resumed.memory.memory.values(),
+    ]
+    assert buffers and {b.device.type for b in buffers} == {"cpu"}
+    _, at_params, _ = make(cfg, seed=1)
+    at_params.load_state_dict(state)  # no device: beside each parameter, as before
+    assert {b.device.type for b in at_params.powersgd.error.values()} == {"meta"}
+
+
 def test_resume_with_other_settings_is_refused():
     _, ctrl, _ = make(MethodConfig(rank=8, cadence=2))
     _, other, _ = make(MethodConfig(rank=8, cadence=3))

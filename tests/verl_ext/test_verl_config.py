@@ -339,11 +339,13 @@ A = "actor_rollout_ref.actor"
             ["actor_rollout_ref.ref.fsdp_config.fsdp_size=4"],
             "set actor_rollout_ref.ref.fsdp_config.fsdp_size=-1",
         ),
+        ("method", ["actor_rollout_ref.model.lora_rank=8"], "set actor_rollout_ref.model.lora_rank=0"),
     ],
 )
 def test_a_layout_the_circuits_cannot_run_on_is_refused_before_ray(tmp_path, condition, overrides, message):
-    """The engine's own layout checks (FSDP1, Ulysses, hybrid sharding, the anchor without resharding),
-    asked of verl's config by ``commrl verl-train`` before Ray starts: the same message, naming the key."""
+    """The engine's own layout checks (FSDP1, Ulysses, hybrid sharding, the anchor without resharding, LoRA,
+    whose reference verl runs on the actor's engine), asked of verl's config by ``commrl verl-train`` before
+    Ray starts: the same message, naming the key."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         vc.compose_verl_run("A", condition, 0, overrides, tmp_path / "run", tmp_path / "data")
 

@@ -467,7 +467,10 @@ class TwoCircuitController:
             "ledger": self.ledger.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
+        """The state of ``state_dict``; the per-parameter buffers (PowerSGD's error and Q, the memory) go
+        to ``device``, else to each parameter's device (an engine whose parameters sit offloaded on the CPU
+        while it loads gives the device they train on)."""
         saved = MethodConfig.from_dict(state["config"])
         if saved != self.cfg:
             diff = {
@@ -479,7 +482,7 @@ class TwoCircuitController:
         self._tick, self._secant_fires = int(state["tick"]), int(state["secant_fires"])
         if isinstance(self.codec, LowRankActivationCodec):
             self.codec.load_state_dict(state["codec"])
-        devices = {name: local_tensor(p).device for name, p in self.params.items()}
+        devices = {name: device or local_tensor(p).device for name, p in self.params.items()}
         if self.powersgd is not None:
             psgd = state["powersgd"]
             self.powersgd.load_state_dict(

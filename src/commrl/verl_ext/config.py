@@ -500,6 +500,13 @@ def check_method_layout(cfg, method: MethodConfig) -> None:
         value = OmegaConf.select(engine, key)
         return default if value is None else value
 
+    lora = int(OmegaConf.select(cfg, "actor_rollout_ref.model.lora_rank") or 0)
+    if lora > 0:
+        raise ConfigError(
+            f"actor_rollout_ref.model.lora_rank={lora}: with LoRA verl computes the reference on the actor's "
+            "engine, through its codec (its dense reference and kl_ref_forward are lost), and the two "
+            "circuits would compress the adapters alone; set actor_rollout_ref.model.lora_rank=0"
+        )
     world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     roles = ["actor"]
     if method.kl_ref_forward == "codec" and need_reference_policy(cfg):

@@ -516,7 +516,9 @@ class TwoCircuitEngineMixin:
             state = torch.load(path, map_location="cpu", weights_only=False)
         super().load_checkpoint(local_path, hdfs_path, del_local_after_load, **kwargs)
         if state is not None:
-            self.controller.load_state_dict(state)
+            # to the training device: with param_offload verl's load leaves the parameters on the CPU, and
+            # the error, Q and memory placed beside them met the GPU's gradients at the next fast tick
+            self.controller.load_state_dict(state, device=_collective_device())
             self._in_tick = False
 
 
