@@ -56,6 +56,12 @@ def test_vllm_and_hf_agree_and_the_codec_hook_matches_the_trainer(small_model):
     vllm = VLLMSampler(str(small_model), "float32", max_model_len=64, seed=0, codec=codec)
     try:
         groups = vllm.sample(PROMPTS, n=4, temperature=1.0, max_new_tokens=12, seed=3)
+        # each prompt its own draws: a prompt twice in one tick gets two groups, seeded (vLLM seeds a
+        # request's samples from its seed: one seed for all prompts gave both the same completions)
+        twice = vllm.sample([PROMPTS[0]] * 2, n=4, temperature=1.0, max_new_tokens=12, seed=3)
+        assert [c.token_ids for c in twice[0]] != [c.token_ids for c in twice[1]]
+        again = vllm.sample([PROMPTS[0]] * 2, n=4, temperature=1.0, max_new_tokens=12, seed=3)
+        assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in twice]
         batch, lp = _trainer_log_probs(model, PROMPTS, groups)
         mask = batch.response_mask.bool()
         assert torch.allclose(batch.sampler_log_probs[mask], lp[mask], atol=1e-3)

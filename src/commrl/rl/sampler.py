@@ -289,11 +289,22 @@ class VLLMSampler(Sampler):
         return outs
 
     def sample(self, prompts, n, temperature, max_new_tokens, seed):
+        """``n`` completions of each prompt. vLLM seeds a request's ``n`` samples ``s, s+1, ..., s+n-1`` from
+        its ``seed``, one generator each: one seed for every prompt gave completion ``j`` of every prompt the
+        same noise (and a prompt drawn twice in a tick the same completions). Prompt ``k`` gets
+        ``(seed P + k) n``: ranges of ``n`` no other prompt of this call, or of the next ``seed``, meets."""
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0, seed=seed
-        )
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                max_tokens=max_new_tokens,
+                logprobs=0,
+                seed=(seed * len(prompts) + k) * n,
+            )
+            for k in range(len(prompts))
+        ]
         groups = []
         for out in self._run(prompts, params):
             group = []
