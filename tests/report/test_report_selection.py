@@ -140,3 +140,14 @@ def test_an_evaluation_on_a_limit_of_problems_does_not_stand_in_for_the_full_one
     loaded = load_pair("P", uri)
     assert [(e.training_run_id, e.metrics) for e in loaded.evals] == [(theirs, {"acc": 0.9})]
     assert any("dropped: it read 5 problems a task (--limit)" in n for n in loaded.notes)
+
+
+def test_a_run_stopped_early_is_named_in_the_notes(store):
+    """A collapse alarm or a pruner ends a run FINISHED with ``stopped_early``: the report says so (its
+    curves end early and its table cells read its last tick), where it named only runs not FINISHED."""
+    uri, _, _, theirs = store
+    tracking.client(uri).set_tag(theirs, "stopped_early", "collapse alarm at tick 12")
+    notes = load_pair("P", uri).notes
+    assert any(
+        "method seed 0) stopped early (collapse alarm at tick 12): its curves end there" in n for n in notes
+    ), notes

@@ -231,6 +231,12 @@ def _load_train(
         seen.add(key)
         if run.info.status != "FINISHED":
             notes.append(f"{pair}: run {name} is {run.info.status}; its logged ticks are included")
+        elif tags.get("stopped_early"):
+            notes.append(
+                f"{pair}: run {name} ({key[0]} seed {key[1]}) stopped early ({tags['stopped_early']}): its "
+                "curves end there, the tables read it at its last tick, and the claims leave it out "
+                "(INCONCLUSIVE, named)"
+            )
         train_run = TrainRun(
             run_id=run.info.run_id,
             name=name,
