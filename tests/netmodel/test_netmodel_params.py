@@ -265,3 +265,13 @@ def test_the_command_prints_pair_a_at_a_link_of_ones_own(capsys, tmp_path):
     gather = 7 * 5e-6 + 7 / 8 * 2 * 560_960_000 / 3.125e9
     reduce = 7 * 5e-6 + 7 / 8 * 4 * 560_960_000 / 3.125e9
     assert float(dense_row([])[4]) == pytest.approx(9.3824 + 343 * gather + 85 * reduce, abs=0.01)
+
+
+def test_a_new_data_parallelism_without_micro_batches_is_noted(capsys, tmp_path):
+    """Pair A's 86 micro-batches were worked out for dp 8 at the token budget: at --dp 16 a replica holds
+    half the tokens, and the gathers and reduce-scatters counted from the 86 would be twice too many."""
+    argv = ["netmodel", "--pair", "A", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}", "--dp", "16"]
+    assert main(argv) == 0
+    assert "note: with --dp the layout keeps the config's 86 micro-batches" in capsys.readouterr().err
+    assert main([*argv, "--micro-batches", "43"]) == 0
+    assert "micro-batches per pass and replica (its" not in capsys.readouterr().err

@@ -13,6 +13,7 @@ Bad parameters exit 2 with a message naming the option (``ConfigError``: ``commr
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -108,6 +109,17 @@ def _config(args: argparse.Namespace) -> NetmodelConfig:
     from commrl.netmodel.inputs import Compute
 
     cfg = load_config(args.config or pair_config_path(args.pair))
+    moved = [
+        flag for flag, value in (("--dp", args.dp), ("--tokens-per-tick", args.tokens_per_tick)) if value
+    ]
+    if moved and args.micro_batches is None and cfg.layout.micro_batches > 1:
+        print(
+            f"commrl netmodel: note: with {' and '.join(moved)} the layout keeps the config's "
+            f"{cfg.layout.micro_batches} micro-batches per pass and replica (its layout.micro_batches, "
+            "worked out for its own data parallelism and tokens), and the gathers and reduce-scatters "
+            "counted from them; give --micro-batches for this layout",
+            file=sys.stderr,
+        )
     compute = None
     if any(v is not None for v in (args.compute_s, args.method_compute_s, args.sample_s)):
         compute = Compute(args.compute_s, args.method_compute_s, args.sample_s, "given on the command line")
