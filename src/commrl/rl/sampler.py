@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -255,6 +256,9 @@ class VLLMSampler(Sampler):
         cpu = on_cpu()
         if cpu:
             configure_cpu_vllm(kv_cache_gib)
+        # the engine in this process on a GPU too: the sampler codec's hooks (apply_model) and weight pushes
+        # must reach the model the engine runs, not a pickled copy in its engine-core process
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
         kwargs = dict(
