@@ -256,3 +256,30 @@ def test_init_dry_runs_the_paper_trials_and_rejects_a_bad_override(env, verl_cfg
     bad = dataclasses.replace(verl_cfg, train_overrides=("trainer.no_such_key=1",))
     with pytest.raises(ConfigError, match=r"defaults \{'rank': 77.*is not a valid verl-train run"):
         check_trials(bad)
+
+
+def test_a_poll_between_a_ticks_logs_never_relays_its_validation_before_its_alarm():
+    """The child logs tick 2's alarm and validation while the driver reads the two histories. A stand-in
+    for the MLflow client (the only way to place that moment deterministically) logs them between the
+    driver's two reads: read alarm-first, validation 2 went to the hooks before alarm 2 (the real-store
+    test above failed so once in CI)."""
+    from types import SimpleNamespace
+
+    class Store:
+        def __init__(self):
+            self.logged = {"health/alarm": [1], "val/acc": [0]}
+            self.reads = 0
+
+        def get_metric_history(self, run_id, key):
+            out = [SimpleNamespace(step=s, value=0.5) for s in self.logged[key]]
+            self.reads += 1
+            if self.reads == 1:  # the child logs tick 2, alarm then validation
+                self.logged["health/alarm"].append(2)
+                self.logged["val/acc"].append(2)
+            return out
+
+    hooks, seen, store = Recorder(), set(), Store()
+    VerlDriver._relay(store, "run", hooks, seen)
+    VerlDriver._relay(store, "run", hooks, seen)
+    order = [(kind, step) for kind, step, _ in hooks.seen]
+    assert order.index(("tick", 2)) < order.index(("val", 2)), order

@@ -104,9 +104,13 @@ class VerlDriver:
 
     @staticmethod
     def _relay(client, run_id: str, hooks: TrainCallbacks, seen: set) -> None:
-        """New ``health/alarm`` and ``val/acc`` points by step (a tick's alarm before its validation)."""
+        """New ``health/alarm`` and ``val/acc`` points by step (a tick's alarm before its validation).
+
+        ``val/acc`` is read first: a tick's alarm is logged with its validation or before it, so the alarm
+        read after it is there too (read the other way round, a poll between the two reads relayed a
+        validation before its tick's alarm)."""
         events = []
-        for order, key in enumerate(("health/alarm", "val/acc")):
+        for order, key in reversed(list(enumerate(("health/alarm", "val/acc")))):
             for m in client.get_metric_history(run_id, key):
                 if (key, m.step) not in seen:
                     events.append((m.step, order, key, m.value))
