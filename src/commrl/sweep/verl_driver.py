@@ -110,7 +110,7 @@ class VerlDriver:
         read after it is there too (read the other way round, a poll between the two reads relayed a
         validation before its tick's alarm)."""
         events = []
-        for order, key in reversed(list(enumerate(("health/alarm", "val/acc")))):
+        for order, key in ((1, "val/acc"), (0, "health/alarm")):  # order: a step's alarm sorts first
             for m in client.get_metric_history(run_id, key):
                 if (key, m.step) not in seen:
                     events.append((m.step, order, key, m.value))

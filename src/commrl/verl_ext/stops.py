@@ -37,7 +37,7 @@ def end_of_turn(tokenizer: Any) -> int | None:
 
 def stop_ids(tokenizer: Any, generation: Any) -> set[int]:
     """The token ids vLLM stops at: the tokenizer's EOS and the generation config's ``eos_token_id``."""
-    eos = generation.eos_token_id if generation is not None else None
+    eos = generation.eos_token_id
     ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
     return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
