@@ -18,38 +18,57 @@ from PIL import Image
 from snakemake_run import Workflow
 
 from commrl import tracking
+from commrl.cli.main import main
 from commrl.run import forkserver
 
 pytestmark = pytest.mark.e2e
 
 # The default matrix less no_projection, anchor_off, anchor_only, prf_mask, dropout and method_same_sampler
 # (each the same trainer path with other method, model or sampler flags, trained in tests/rl and
-# tests/compression), with three of the six async conditions (bypass mode dense and compressed, decoupled
-# mode with TIS): the full matrix is test_dag's dry run; one seed, these five conditions and a 2-trial sweep
-# keep the suite inside its 20 minutes.
-CONDITIONS = (
-    "dense",
-    "method",
-    "dense_async",
-    "method_async",
-    "method_async_tis",
-)
+# tests/compression), with two of the six async conditions (bypass mode compressed, decoupled mode with TIS;
+# dense_async is bypass mode with the identity codec, tests/rl/test_async.py): the full matrix is test_dag's
+# dry run; one seed, these four conditions and a 2-trial sweep keep the suite inside its 20 minutes.
+CONDITIONS = ("dense", "method", "method_async", "method_async_tis")
 SWEEP_TRIALS = 2
-# dense and method train the default's 40 ticks (the learning check, the evaluations); the three async runs
-# train 20 (read at 20, validated at 0, 10, 20), and only method is evaluated: the suite's budget.
-TICKS = {condition: 40 if condition in ("dense", "method") else 20 for condition in CONDITIONS}
+# dense and method train the default's 40 ticks (the learning check, the evaluation); the two async runs
+# train 10 (read at 10, validated at 0 and 10), and only method is evaluated: the suite's budget.
+TICKS = {condition: 40 if condition in ("dense", "method") else 10 for condition in CONDITIONS}
 EVALUATED = ("method",)
+BENCHMARKS = ("toy_greedy", "toy_avg8", "toy_mc")
+# The three benchmarks read the first 64 problems of the toy test split (the default reads all 500, most of
+# an evaluation job's time here): the job, its files and MLflow runs are the same.
+EVAL_ROWS = 64
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory) -> Workflow:
-    """The default pipeline with one seed per condition (the default's three would triple CI's time)."""
+    """The default pipeline with one seed per condition (the default's three would triple CI's time); the
+    Snakemake output is kept as `pipeline.result`."""
     wf = Workflow(tmp_path_factory.mktemp("tiny-pipeline"))
     config = wf.config()
     config["pairs"]["tiny"]["seeds"] = [0]
     config["pairs"]["tiny"]["conditions"] = list(CONDITIONS)
     config["pairs"]["tiny"]["ticks"] = {c: t for c, t in TICKS.items() if t != 40}
     config["pairs"]["tiny"]["eval"]["conditions"] = list(EVALUATED)
+    toy = wf.root / "e2e" / "toy"  # what prepare_toy writes to results/data/toy, made here to cut its test
+    assert (
+        main(
+            [
+                "prepare",
+                "--dataset",
+                "toy",
+                "--seed",
+                str(config["datasets"]["toy"]["seed"]),
+                "--out",
+                str(toy),
+            ]
+        )
+        == 0
+    )
+    rows = (toy / "test.jsonl").read_text().splitlines(keepends=True)[:EVAL_ROWS]
+    (wf.root / "e2e" / "toy_test64.jsonl").write_text("".join(rows))
+    for name in BENCHMARKS:
+        config["pairs"]["tiny"]["eval"]["benchmarks"][name]["data"] = "e2e/toy_test64.jsonl"
     sweep = yaml.safe_load((wf.root / "configs/sweep/tiny.yaml").read_text())
     sweep.update(n_trials=SWEEP_TRIALS, ticks=10, read_at=10)  # the sweep's 20-tick trials halved
     sweep["pruner"]["n_warmup_steps"] = 5  # halved too: the pruner may stop a trial at its tick-5 validation
@@ -61,6 +80,7 @@ def pipeline(tmp_path_factory) -> Workflow:
     served = forkserver.served_jobs(result.output)
     steps = int(re.findall(r"(\d+) of \d+ steps \(100%\) done", result.output)[-1])
     assert served == steps - 1, result.output[-3000:]  # every job but `all` ran as a fork of the server
+    wf.result = result
     return wf
 
 
@@ -104,7 +124,7 @@ def test_evaluations_are_nested_under_their_training_runs(pipeline):
         run_id = json.loads(
             (pipeline.root / f"results/runs/tiny/{condition}/seed0/summary.json").read_text()
         )["mlflow_run_id"]
-        for benchmark in ("toy_greedy", "toy_avg8", "toy_mc"):
+        for benchmark in BENCHMARKS:
             out = json.loads(
                 (pipeline.root / f"results/eval/tiny/{condition}/seed0/{benchmark}.json").read_text()
             )
@@ -138,16 +158,13 @@ def test_the_report_has_the_figures_and_the_claims(pipeline):
 
 
 def test_one_benchmark_on_one_checkpoint_is_one_job(pipeline):
-    """The tiny pair's eval.job_per is checkpoint: one job evaluates the pair's three benchmarks, with
+    """The tiny pair's eval.job_per is checkpoint: one job evaluated the pair's three benchmarks, with
     one model, each into its own summary."""
-    target = "results/eval/tiny/dense/seed0/toy_greedy.json"  # dense is not evaluated by default
-    result = pipeline.snakemake(target, "--cores", "2", timeout=600)
-    assert result.returncode == 0, result.output[-3000:]
-    assert result.counts() == {"eval_tiny": 1}
-    for name in ("toy_greedy", "toy_avg8", "toy_mc"):
-        summary = json.loads((pipeline.root / target).with_name(f"{name}.json").read_text())
+    assert pipeline.result.counts()["eval_tiny"] == len(EVALUATED)
+    for name in BENCHMARKS:
+        summary = json.loads((pipeline.root / f"results/eval/tiny/method/seed0/{name}.json").read_text())
         assert summary["benchmark"] == name and summary["backend"] == "vllm"
-        assert summary["checkpoint"].endswith("dense/seed0/final")
+        assert summary["checkpoint"].endswith("method/seed0/final")
 
 
 def test_a_finished_pipeline_has_nothing_left_to_do(pipeline):
