@@ -10,7 +10,8 @@
 # Debian/Ubuntu packages (munge slurmctld slurmd slurm-client), everything as root, all state in one folder:
 # $LOCAL_SLURM_DIR (default: .local-slurm/ in the repository, git-ignored). One node, one partition `debug`,
 # addresses on the loopback only, no cgroups (limits are not enforced), no accounting database (so the
-# profile polls with squeue; MinJobAge=300 keeps finished jobs visible to it), and $FAKE_GPUS (default 2)
+# profile polls with squeue; MinJobAge=3600 keeps finished jobs visible to it and to `scontrol show job` for
+# an hour: at Slurm's 300 s a workflow's first jobs were gone when its last one ended), and $FAKE_GPUS (default 2)
 # GPUs as gres: character devices cloned from /dev/null, so a job asking for GPUs gets CUDA_VISIBLE_DEVICES.
 # The config is also linked at /etc/slurm/slurm.conf: the slurm-jobstep plugin drops SLURM_CONF before it
 # calls srun inside a job, so srun must find the config at its default path.
@@ -112,7 +113,7 @@ MailProg=/bin/true
 ReturnToService=2
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2
-MinJobAge=300
+MinJobAge=3600
 DefMemPerCPU=1000
 $gres_types
 NodeName=$host NodeAddr=127.0.0.1 $hw $gres_line State=UNKNOWN
