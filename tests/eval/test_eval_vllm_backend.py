@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+from pathlib import Path
 
 import pytest
 
 from commrl.eval import EvalError, vllm_backend
-from commrl.rl.vllm_env import vllm_distribution
+from commrl.eval.pairs import pair_settings
+from commrl.eval.runner import backend_model_args
+from commrl.rl.vllm_env import CPU_MAX_NUM_SEQS, cpu_engine_args, vllm_distribution
+
+TINY_BASE = Path(__file__).resolve().parents[2] / "assets" / "tiny-base"
 
 CPU_VARS = (
     "VLLM_CPU_KVCACHE_SPACE",
@@ -44,9 +50,38 @@ def test_prepare_sets_the_cpu_variables_and_keeps_existing_ones(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", importlib.metadata.version)
     for name in CPU_VARS:
         monkeypatch.delenv(name, raising=False)
+    vllm_backend.prepare_vllm()
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # the engine arguments size the cache
+    assert [os.environ[name] for name in CPU_VARS[1:]] == ["0", "2", "nobind"]
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     vllm_backend.prepare_vllm()
     assert [os.environ[name] for name in CPU_VARS] == ["3", "0", "2", "nobind"]
+
+
+def test_the_cpu_kv_cache_holds_every_sequence_at_full_length_and_no_more(tmp_path):
+    """256 sequences of max_model_len tokens (whole 16-token blocks, one more each), 2 L H_kv d values a
+    token: the tiny base (4 layers, 2 key-value heads of 32, float32) at 512 tokens is 264 MiB, not the
+    1 GiB every CPU engine zeroed before; a large model stops at the ceiling."""
+    tiny_token = 2 * 4 * 2 * 32 * 4
+    args = cpu_engine_args(TINY_BASE, 512, "float32", cap_gib=1)
+    assert args == {"max_num_seqs": CPU_MAX_NUM_SEQS, "kv_cache_memory_bytes": 256 * 528 * tiny_token}
+    assert args["kv_cache_memory_bytes"] == 264 * 2**20
+    assert cpu_engine_args(TINY_BASE, 500, "auto", 1) == args  # 500 tokens: 32 blocks; auto: config's float32
+    half = cpu_engine_args(TINY_BASE, 512, "bfloat16", 1)
+    assert half["kv_cache_memory_bytes"] == 256 * 528 * tiny_token // 2
+    qwen = {"num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "hidden_size": 1536}
+    (tmp_path / "config.json").write_text(json.dumps({**qwen, "torch_dtype": "bfloat16"}))
+    assert cpu_engine_args(tmp_path, 4096, "auto", 1)["kv_cache_memory_bytes"] == 2**30
+    short = cpu_engine_args(tmp_path, 32, "auto", 1)  # 3 blocks of 28 layers x 2 heads of 128, bfloat16
+    assert short["kv_cache_memory_bytes"] == 256 * 48 * 2 * 28 * 2 * 128 * 2
+
+
+@pytest.mark.skipif(vllm_distribution() != "vllm-cpu", reason="needs the vllm-cpu distribution without vllm")
+def test_an_evaluation_on_the_cpu_sizes_its_kv_cache_to_the_pair():
+    args = backend_model_args("vllm", TINY_BASE, pair_settings("tiny"))
+    assert args["max_num_seqs"] == CPU_MAX_NUM_SEQS
+    assert args["kv_cache_memory_bytes"] == 264 * 2**20  # the tiny pair: float32, max_model_len 512
+    assert args["max_model_len"] == 512
 
 
 def test_the_inductor_cache_is_one_per_cpu_capability(monkeypatch):

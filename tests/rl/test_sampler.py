@@ -22,7 +22,7 @@ from commrl.rl.sampler import (
     left_padded,
 )
 from commrl.rl.trainer import load_prompts
-from commrl.rl.vllm_env import vllm_installed
+from commrl.rl.vllm_env import CPU_MAX_NUM_SEQS, vllm_installed
 
 PROMPTS = [[4, 50, 51, 52, 53], [4, 60, 61], [4, 70, 71, 72, 73, 74, 75]]
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "tiny-base"
@@ -56,6 +56,10 @@ def test_vllm_and_hf_agree_and_the_codec_hook_matches_the_trainer(small_model):
     codec = SamplerCodec()
     vllm = VLLMSampler(str(small_model), "float32", max_model_len=64, seed=0, codec=codec)
     try:
+        # the KV cache sized to its need (cpu_engine_args) holds every sequence the scheduler runs, at full
+        # length
+        cache = vllm.llm.llm_engine.vllm_config.cache_config
+        assert cache.num_gpu_blocks * cache.block_size >= CPU_MAX_NUM_SEQS * 64
         groups = vllm.sample(PROMPTS, n=4, temperature=1.0, max_new_tokens=12, seed=3)
         # each prompt its own draws: a prompt twice in one tick gets two groups, seeded (vLLM seeds a
         # request's samples from its seed: one seed for all prompts gave both the same completions)

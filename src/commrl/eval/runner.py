@@ -33,6 +33,8 @@ from commrl.eval.errors import EvalError, TrainingRunError
 from commrl.eval.lmeval_task import write_task_dir
 from commrl.eval.pairs import PairSettings, pair_settings
 from commrl.eval.problems import build_docs, load_rows
+from commrl.eval.vllm_backend import CPU_KV_CACHE_GIB
+from commrl.rl.vllm_env import cpu_engine_args, on_cpu
 
 if TYPE_CHECKING:
     from lm_eval.api.model import LM
@@ -227,7 +229,7 @@ def backend_model_args(backend: str, checkpoint: Path, settings: PairSettings) -
     """lm-eval ``model_args`` of ``backend`` for ``checkpoint`` under the pair's settings."""
     if backend == "hf":
         return {"pretrained": str(checkpoint), "dtype": settings.dtype, "max_length": settings.max_model_len}
-    return {
+    args = {
         "pretrained": str(checkpoint),
         "dtype": settings.dtype,
         "tensor_parallel_size": settings.tensor_parallel_size,
@@ -237,6 +239,9 @@ def backend_model_args(backend: str, checkpoint: Path, settings: PairSettings) -
         "enforce_eager": settings.enforce_eager,
         "seed": settings.seed,
     }
+    if on_cpu():
+        args |= cpu_engine_args(checkpoint, settings.max_model_len, settings.dtype, CPU_KV_CACHE_GIB)
+    return args
 
 
 def evaluate_benchmarks(

@@ -17,7 +17,7 @@ from commrl.eval.errors import EvalError
 from commrl.rl.vllm_env import configure_cpu_vllm, on_cpu, vllm_distribution
 
 CPU_THREADS = 2
-CPU_KV_CACHE_GIB = 1
+CPU_KV_CACHE_GIB = 1  # the KV cache's ceiling on a CPU (cpu_engine_args sizes it to the pair's need)
 
 
 def aliased_version(original: Callable[[str], str]) -> Callable[[str], str]:
@@ -55,7 +55,7 @@ def prepare_vllm() -> None:
             "(pip install commrl[vllm]) on CPU, or use --backend hf"
         )
     if on_cpu():
-        configure_cpu_vllm(kv_cache_gib=CPU_KV_CACHE_GIB, threads=CPU_THREADS)
+        configure_cpu_vllm(threads=CPU_THREADS)
         alias_vllm_cpu()
 
 

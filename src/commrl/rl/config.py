@@ -57,7 +57,7 @@ class SamplerConfig:
     temperature: float = 1.0
     max_new_tokens: int = 24
     codec: str = "none"  # none | same: the sampler runs the trainer's activation codec too (the note's fix)
-    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
+    kv_cache_gib: int = 1  # on a CPU the KV cache's ceiling (it takes what its sequences need)
     gpu_memory_utilization: float = 0.5
 
     def validate(self) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from commrl.rl.vllm_env import configure_cpu_vllm, on_cpu, vllm_installed
+from commrl.rl.vllm_env import configure_cpu_vllm, cpu_engine_args, on_cpu, vllm_installed
 
 
 @dataclass
@@ -255,7 +255,7 @@ class VLLMSampler(Sampler):
             )
         cpu = on_cpu()
         if cpu:
-            configure_cpu_vllm(kv_cache_gib)
+            configure_cpu_vllm()
         # the engine in this process on a GPU too: the sampler codec's hooks (apply_model) and weight pushes
         # must reach the model the engine runs, not a pickled copy in its engine-core process
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -270,7 +270,9 @@ class VLLMSampler(Sampler):
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=False,
         )
-        if not cpu:
+        if cpu:
+            kwargs.update(cpu_engine_args(model_path, max_model_len, dtype, kv_cache_gib))
+        else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         self.llm = LLM(**kwargs)
         self.codec = codec
