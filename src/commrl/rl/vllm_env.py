@@ -64,8 +64,8 @@ def cpu_engine_args(model_path: str | Path, max_model_len: int, dtype: str, cap_
     ``max_model_len`` tokens (rounded up to whole blocks, plus one block each), a token ``2 L H_kv d`` values
     (keys and values of ``L`` layers, ``H_kv`` heads of dimension ``d``) of ``dtype``: at most ``cap_gib``
     GiB. So the cache never limits the scheduler (its batches are those of any larger cache), and vLLM's CPU
-    worker zeroes only what can be used at start-up: 1 GiB, the old fixed size, took 2-17 s on this
-    project's 2-core VM (memory bound to a NUMA node), the tiny pair's 264 MiB a quarter of it."""
+    worker zeroes only what can be used at start-up: 1 GiB, the old fixed size, took 0.8-17 s on this
+    project's 2-core VM (memory bound to a NUMA node), the tiny pair's 264 MiB 0.1-0.3 s."""
     config = json.loads((Path(model_path) / "config.json").read_text())
     text = config.get("text_config", config)
     heads = text["num_attention_heads"]
