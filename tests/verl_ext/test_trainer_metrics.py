@@ -37,6 +37,7 @@ def test_method_metrics_names_verls_metrics():
         "critic/score/mean": 0.7,
         "timing_s/step": 30.0,
         "timing_s/gen": 20.0,
+        "timing_s/ref": 1.0,
         "timing_s/update_actor": 5.0,
         "actor/comm/bytes_total": 10.0,
         "actor/comm/ratio_vs_dense": 0.1,
@@ -50,13 +51,51 @@ def test_method_metrics_names_verls_metrics():
         "score/mean": 0.7,
         "time/step_s": 30.0,
         "time/sample_s": 20.0,
-        "time/train_s": 5.0,
+        "time/train_s": 6.0,
         "comm/bytes_total": 10.0,
         "comm/ratio_vs_dense": 0.1,
         "anchor/fire": 1.0,
         "val/acc": pytest.approx(0.5),
     }
     assert method_metrics({"actor/pg_loss": 1.0}) == {}
+
+
+def test_sample_and_train_times_sum_the_timers_of_verls_fit():
+    """``time/train_s`` is every trainer pass of the step, as the local driver's (old, reference, advantage,
+    update), not ``timing_s/update_actor`` alone; ``time/sample_s`` generation and scoring. The timers are
+    the ones ``RayPPOTrainer.fit`` opens (its source), their metrics ``compute_timing_metrics``'."""
+    import inspect
+    import re
+
+    from verl.trainer.ppo.metric_utils import compute_timing_metrics
+    from verl.trainer.ppo.utils import Role
+
+    from commrl.verl_ext.trainer import TIMING_SUMS
+
+    timers = set(re.findall(r'marked_timer\("(\w+)"', inspect.getsource(RayPPOTrainer.fit)))
+    timers.add(str(Role.RefPolicy))  # fit names the reference pass's timer by its role
+    for keys in TIMING_SUMS.values():
+        assert {key.removeprefix("timing_s/") for key in keys} <= timers
+    timing_raw = {
+        "gen": 20.0,
+        "reward": 0.5,
+        "old_log_prob": 3.0,
+        str(Role.RefPolicy): 2.0,
+        "adv": 0.25,
+        "update_actor": 5.0,
+        "update_weights": 1.0,
+        "save_checkpoint": 4.0,
+        "step": 36.0,
+    }
+    ones = torch.ones(2, 5, dtype=torch.long)
+    batch = DataProto.from_dict({"responses": ones[:, :3], "attention_mask": ones})
+    named = method_metrics(compute_timing_metrics(batch, timing_raw))
+    assert named["time/sample_s"] == 20.5
+    assert named["time/train_s"] == 10.25  # update_actor alone: 5.0
+    assert named["time/step_s"] == 36.0
+    bypass = {k: v for k, v in timing_raw.items() if k != "old_log_prob"}  # bypass mode runs no old pass
+    assert method_metrics(compute_timing_metrics(batch, bypass))["time/train_s"] == 7.25
+    assert "time/train_s" not in method_metrics({"timing_s/testing": 9.0})  # a validation-only log
 
 
 @pytest.mark.parametrize("n", [1, 2])

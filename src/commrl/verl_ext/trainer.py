@@ -12,7 +12,9 @@ What it adds to verl's metrics (nothing is renamed away; verl's own names stay):
 - the method.md §4 names of what verl logs under its own names (``method_metrics``): ``score/mean``,
   ``comm/*``, ``anchor/*``, ``codec/*`` and ``sign_memory/*`` (the engine's, logged by verl as
   ``actor/comm/...``), ``rollout_corr/*`` (in bypass mode verl's loss in the workers returns them, logged
-  as ``actor/rollout_corr/...``), ``val/acc``, ``time/step_s``, ``time/sample_s``, ``time/train_s``;
+  as ``actor/rollout_corr/...``), ``val/acc``, ``time/step_s``, and ``time/sample_s``, ``time/train_s``
+  as the local driver times a tick (``TIMING_SUMS``: verl's ``timing_s/update_actor`` alone leaves out the
+  old and reference passes);
 - ``health/alarm`` each step, from the local driver's ``CollapseMonitor`` (``StepChecks``), whose state is
   saved beside verl's checkpoints (``global_step_<n>/commrl_health.json``);
 - ``actor/effective_token_frac``: of the response tokens eligible for gradient (valid before rejection,
@@ -101,11 +103,17 @@ from commrl.verl_ext.engine import (
     OLD_PASS,
 )
 
-ALIASES = {
-    "critic/score/mean": "score/mean",
-    "timing_s/step": "time/step_s",
-    "timing_s/gen": "time/sample_s",
-    "timing_s/update_actor": "time/train_s",
+ALIASES = {"critic/score/mean": "score/mean", "timing_s/step": "time/step_s"}
+# The local driver's two phases of a tick (commrl.rl.trainer's _tick) as sums of verl's timers (fit's
+# marked_timer names): sampling is all before the trainer's first pass (generation and scoring), training
+# the passes and the advantage between them (old, reference, values, update); the network model hides
+# communication behind time/train_s, and the activations it sends are those of every counted pass.
+TIMING_SUMS = {
+    "time/sample_s": ("timing_s/gen", "timing_s/reward"),
+    "time/train_s": tuple(
+        f"timing_s/{name}"
+        for name in ("old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+    ),
 }
 ENGINE_PREFIXES = ("comm/", "anchor/", "codec/", "sign_memory/")
 # verl's bypass-mode loss returns its rollout_corr/* read-outs from the workers (logged as
@@ -121,9 +129,13 @@ HEALTH_FILE = "commrl_health.json"
 def method_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The method.md §4 names of verl's metrics of one step (to log beside verl's own).
 
-    ``val/acc`` is the mean over the validation data sources of verl's core ``acc/mean@N``.
+    ``val/acc`` is the mean over the validation data sources of verl's core ``acc/mean@N``;
+    ``time/sample_s`` and ``time/train_s`` the sums of verl's timers in ``TIMING_SUMS`` that the step has.
     """
     out = {name: float(metrics[key]) for key, name in ALIASES.items() if key in metrics}
+    for name, keys in TIMING_SUMS.items():
+        if any(key in metrics for key in keys):
+            out[name] = sum(float(metrics[key]) for key in keys if key in metrics)
     for key, value in metrics.items():
         short = key.removeprefix("actor/")
         if short != key and short.startswith(ENGINE_PREFIXES + LOSS_PREFIXES) and short not in metrics:
