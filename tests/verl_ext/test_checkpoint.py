@@ -226,3 +226,53 @@ def test_a_resume_under_another_config_is_refused_and_a_longer_run_resumes(two_t
     assert train(spec_of(4, 4)) == verl_train.EXIT_INCOMPLETE  # verl resumed (its training stubbed)
     assert started[-1] == "resumed"
     assert json.loads((out / "run_config.json").read_text())["verl.trainer.total_training_steps"] == 4
+
+
+def test_a_model_or_data_rebuilt_in_place_refuses_the_resume(tiny_model_dir, tmp_path):
+    """``run_config.json`` records what the model folder and verl's data files hold (``digest.*``): a resume
+    after either was rebuilt under the same path is refused, naming it; unchanged, it resumes."""
+    from commrl.verl_ext.checkpoint import record_run_config
+
+    model, data, out = tmp_path / "model", tmp_path / "data", tmp_path / "run"
+    shutil.copytree(tiny_model_dir, model)
+    spec = vc.compose_run("A", "no_projection", 0, [f"model.path={model}"])
+    train, val = vc.data_files(spec, data)
+    for path in (train, val):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"rows of " + path.name.encode())
+    cfg = vc.compose_verl_config(vc.run_overrides(spec, out, data))
+    record_run_config(out, spec, cfg)
+    recorded = json.loads((out / "run_config.json").read_text())
+    assert {"digest.model", "digest.data"} <= recorded.keys()
+    (out / "checkpoints" / "global_step_1" / "actor").mkdir(parents=True)
+    (out / "checkpoints" / TRACKER).write_text("1")
+    record_run_config(out, spec, cfg)  # the same model and data: resumes
+
+    weights = next(model.glob("*.safetensors"))
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # one bit of the base policy
+    with pytest.raises(ConfigError, match=r"digest\.model: '[0-9a-f]{64}' -> '[0-9a-f]{64}'"):
+        record_run_config(out, spec, cfg)
+    weights.write_bytes(original)
+    train.write_bytes(b"other rows")
+    with pytest.raises(ConfigError, match=r"digest\.data") as refused:
+        record_run_config(out, spec, cfg)
+    assert "digest.model" not in str(refused.value)
+
+
+def test_a_hub_models_cached_snapshot_is_its_folder(tmp_path, monkeypatch):
+    """A hub id resolves to its snapshot in the Hugging Face cache (huggingface_hub's own lookup, on a cache
+    laid out as it writes one); an uncached id, a remote path or a missing folder to none."""
+    import huggingface_hub.constants
+
+    snapshot = tmp_path / "hub" / "models--org--model" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--org--model" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--model" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert vc.local_model_folder("org/model") == snapshot
+    assert vc.local_model_folder("org/other") is None
+    assert vc.local_model_folder("hdfs://models/org/model") is None
+    assert vc.local_model_folder(str(tmp_path / "missing")) is None
+    assert vc.local_model_folder(str(snapshot)) == snapshot

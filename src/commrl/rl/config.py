@@ -241,7 +241,7 @@ class TrainConfig:
         included), its model and data folders absolute and, with ``digests``, what they hold
         (``model.digest``: its weights and config; ``data.digest``: the train and validation files; a
         folder not built yet has none)."""
-        from commrl.run.fingerprint import content_digest
+        from commrl.run.fingerprint import content_digest, model_files
 
         values = self.to_dict()
         values["method"] = self.method_config().to_dict()
@@ -249,9 +249,8 @@ class TrainConfig:
         values["data"]["dir"] = os.path.abspath(self.data.dir)
         if digests:
             model, data = Path(self.model.path), Path(self.data.dir)
-            weights = [*model.glob("*.safetensors"), *model.glob("*.bin"), model / "config.json"]
             splits = [data / self.data.train_file, data / self.data.val_file]
-            for part, files in (("model", weights), ("data", splits)):
+            for part, files in (("model", model_files(model)), ("data", splits)):
                 if (digest := content_digest(files)) is not None:
                     values[part]["digest"] = digest
         return values

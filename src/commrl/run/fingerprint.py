@@ -32,8 +32,10 @@ the old behaviour at its default; the warning names each key so that a non-defau
 one side has where the other has a key above or below it is refused as a changed setting: a value turned into
 a mapping or back (``override_config: {}`` filled, ``kl_ctrl`` set to ``null``).
 
-The local driver also records what its model and data folders hold (``model.digest``, ``data.digest``:
-``content_digest`` of the weights and config, and of the train and validation files), so a base policy or
+Both drivers also record what their model and data hold (``content_digest`` of the weights and config,
+``model_files``, and of the train and validation files): the local driver as ``model.digest`` and
+``data.digest``, the verl driver as ``digest.model`` and ``digest.data`` (its model a local folder or a hub
+id's snapshot cached on this machine; a remote path or an uncached hub id has none). So a base policy or
 dataset rebuilt in place under the same path refuses the resume instead of republishing the old run.
 
 The run's length and read point are recorded but may move forward: ``rl.ticks`` (verl:
@@ -95,6 +97,11 @@ EXEMPT = (
 TICKS_KEYS = ("rl.ticks", "verl.trainer.total_training_steps")  # may grow, not below the checkpoint
 READ_AT_KEYS = ("rl.read_at", "read_at")  # may move past the checkpoint
 _UNSET = object()
+
+
+def model_files(folder: Path) -> list[Path]:
+    """What a model folder's digest covers (``content_digest``): its weights and its config."""
+    return [*folder.glob("*.safetensors"), *folder.glob("*.bin"), folder / "config.json"]
 
 
 def content_digest(files: Sequence[Path]) -> str | None:

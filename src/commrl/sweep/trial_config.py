@@ -101,6 +101,8 @@ def trial_config(cfg: SweepConfig, point: dict[str, Any]) -> dict[str, Any]:
     from commrl.run import fingerprint
 
     unused = Path("trial-config")  # the trial's folder: exempt from the record
+    # without digests: the model's and data's contents are each trial's own check (its run records them); a
+    # study may be created before the base policy is built
     if cfg.driver == "verl":
         from commrl.verl_ext import config as vc
         from commrl.verl_ext.checkpoint import resolved_config
@@ -113,11 +115,9 @@ def trial_config(cfg: SweepConfig, point: dict[str, Any]) -> dict[str, Any]:
             unused,
             (tracking.results_dir() / "data").resolve(),
         )
-        return fingerprint.of(resolved_config(run, verl_cfg))
+        return fingerprint.of(resolved_config(run, verl_cfg, digests=False))
     from commrl.rl.config import load_train_config
 
-    # the folders' contents are each trial's own check (its checkpoints record them); a study may be
-    # created before the base policy is built
     return fingerprint.of(load_train_config(local_overrides(cfg, point, unused)).resolved(digests=False))
 
 

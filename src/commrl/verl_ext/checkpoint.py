@@ -25,7 +25,7 @@ from commrl.eval.atomic import write_text_atomic
 from commrl.run import fingerprint
 from commrl.run.summary import FINAL_DIR, RunSummary, read_point, read_point_dir_name
 from commrl.staging import staged_dir
-from commrl.verl_ext.config import VerlRun, on_schedule
+from commrl.verl_ext.config import VerlRun, local_model_folder, on_schedule
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_PREFIX = "global_step_"  # verl's folder of the checkpoint of tick k: global_step_<k>
@@ -69,12 +69,13 @@ def prune_checkpoints(checkpoint_dir: Path, keep: int, read_at: int) -> list[int
     return stale
 
 
-def resolved_config(spec: VerlRun, cfg) -> dict[str, Any]:
-    """What the run computes with (``commrl.run.fingerprint``): its identity, read point and method, and
-    verl's composed config ``cfg`` under ``verl``."""
+def resolved_config(spec: VerlRun, cfg, digests: bool = True) -> dict[str, Any]:
+    """What the run computes with (``commrl.run.fingerprint``): its identity, read point and method, verl's
+    composed config ``cfg`` under ``verl`` and, with ``digests``, what its model and data hold under
+    ``digest`` (``content_digests``)."""
     from omegaconf import OmegaConf
 
-    return {
+    values = {
         "pair": spec.pair,
         "condition": spec.condition,
         "seed": spec.seed,
@@ -82,6 +83,24 @@ def resolved_config(spec: VerlRun, cfg) -> dict[str, Any]:
         "method": spec.method.to_dict(),
         "verl": OmegaConf.to_container(cfg, resolve=True),
     }
+    if digests and (held := content_digests(cfg)):
+        values["digest"] = held
+    return values
+
+
+def content_digests(cfg) -> dict[str, str]:
+    """``fingerprint.content_digest`` of the actor's model (``fingerprint.model_files`` of its folder here,
+    ``local_model_folder``) as ``model``, and of verl's train and validation files as ``data``; a part with
+    no file on this machine is left out."""
+    from omegaconf import OmegaConf
+
+    folder = local_model_folder(str(cfg.actor_rollout_ref.model.path))
+    listed = OmegaConf.to_container(cfg.data, resolve=True)
+    data = []
+    for files in (listed["train_files"], listed["val_files"]):
+        data += [Path(f).expanduser() for f in ([files] if isinstance(files, str) else files)]
+    parts = {"model": fingerprint.model_files(folder) if folder else [], "data": data}
+    return {part: digest for part, files in parts.items() if (digest := fingerprint.content_digest(files))}
 
 
 def record_run_config(out_dir: Path, spec: VerlRun, cfg) -> None:

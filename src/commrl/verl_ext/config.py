@@ -601,6 +601,24 @@ def check_model_source(model: str, pair: str) -> None:
         )
 
 
+def local_model_folder(model: str) -> Path | None:
+    """The folder on this machine that verl's workers load ``model`` from: a local folder, or a hub id's
+    snapshot in the Hugging Face cache; None for a remote path (``hdfs://...``) or a hub id not cached."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    if "://" in model:
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except HFValidationError:
+        return None
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
 def check_read_point(run: VerlRun, cfg) -> None:
     """verl logs ``val/acc`` and saves a checkpoint (the model read) at ``run.read_at``.
 
