@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from commrl import tracking
@@ -161,3 +162,39 @@ def test_verl_train_at_its_last_tick_validates_it_when_its_val_acc_is_missing(
     assert runs == ([True] if validates else [])
     summary = checkpoint.summarize_run(out, spec, spec.ticks, run_id, uri)
     assert summary.complete and spec.read_at in summary.val_acc
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resume_at_an_epochs_end_draws_the_uninterrupted_runs_next_epoch(tmp_path, mlflow_run, workers):
+    """verl's train loader (``create_rl_sampler``'s seeded sampler, torchdata's ``StatefulDataLoader``): a run
+    checkpointed at the end of epoch 0 (verl saves ``data.pt`` after the step's batch) and resumed there
+    draws epoch 1 in the uninterrupted run's order, not epoch 0's again (verl 0.9.1's own load skips the
+    state there); a resume mid-epoch is verl's own restore, left as it is."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.trainer.ppo.utils import create_rl_sampler
+
+    def loader() -> StatefulDataLoader:
+        rows = list(range(12))
+        sampler = create_rl_sampler(OmegaConf.create({"shuffle": True, "seed": 7}), rows)
+        return StatefulDataLoader(rows, batch_size=3, drop_last=True, sampler=sampler, num_workers=workers)
+
+    def epoch(dl) -> list[int]:
+        return [i for batch in dl for i in batch.tolist()]
+
+    uninterrupted, states = loader(), {}
+    orders = []
+    for _ in range(2):
+        order = []
+        for batch in uninterrupted:
+            order += batch.tolist()
+            states[len(states) + 1] = uninterrupted.state_dict()  # verl's _save_checkpoint of that step
+        orders.append(order)
+    assert orders[0] != orders[1]
+    for step, want in ((4, orders[1]), (6, orders[1][6:])):  # epoch 0's end; mid-epoch 1
+        trainer, _ = resumed_trainer(tmp_path / str(step), step)
+        folder = checkpoint.step_dir(Path(trainer.config.trainer.default_local_dir), step)
+        torch.save(states[step], folder / checkpoint.LOADER_STATE)
+        trainer.train_dataloader = loader()
+        trainer._load_checkpoint()
+        assert trainer.global_steps == step
+        assert epoch(trainer.train_dataloader) == want

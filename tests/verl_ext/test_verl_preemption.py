@@ -87,7 +87,7 @@ def test_a_resume_does_not_validate_a_step_that_was_not_due(tmp_path, monkeypatc
     cfg = harness.paper_config(tmp_path / "model")
     OmegaConf.update(cfg, "trainer.default_local_dir", str(tmp_path))
     assert cfg.trainer.val_before_train
-    bare_trainer(cfg, total_training_steps=150)._load_checkpoint()
+    bare_trainer(cfg, total_training_steps=150, train_dataloader=range(10))._load_checkpoint()
     assert cfg.trainer.val_before_train is False
 
 

@@ -30,6 +30,7 @@ from commrl.verl_ext.config import VerlRun, local_model_folder, on_schedule
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_PREFIX = "global_step_"  # verl's folder of the checkpoint of tick k: global_step_<k>
 RUN_CONFIG = "run_config.json"
+LOADER_STATE = "data.pt"  # verl's train loader state (torchdata's StatefulDataLoader) in a step's folder
 VAL_ACC = "val/acc"  # what summary.json and the report read (trainer.method_metrics: from verl's val-core/*)
 
 
@@ -121,6 +122,33 @@ def record_run_config(out_dir: Path, spec: VerlRun, cfg) -> None:
         folders = [out_dir] if inside else [out_dir, checkpoints]
         fingerprint.check_resume(recorded, current, done, folders)
     write_text_atomic(path, json.dumps(current, indent=1, sort_keys=True) + "\n")
+
+
+def restore_epoch_end(loader, step_folder: Path, step: int) -> bool:
+    """At a checkpoint that ends an epoch, restore the train loader's state that verl 0.9.1 skips, so that
+    the next epoch is the one an uninterrupted run draws; True when it did.
+
+    verl's ``_load_checkpoint`` leaves the loader fresh when ``step`` is a multiple of its length (the saved
+    iterator is exhausted): its sampler's generator then starts from the seed again and the resumed run
+    repeats epoch 0's order, where an uninterrupted run draws the next permutation. Loading the saved state
+    restores the generator; the exhausted epoch it resumes yields nothing and is run out here. A state that
+    is not an exhausted epoch is left as verl left it.
+    """
+    import torch
+
+    path = step_folder / LOADER_STATE
+    steps = len(loader)
+    if step <= 0 or steps == 0 or step % steps or not path.is_file():
+        return False
+    state = torch.load(path, weights_only=False)
+    main = state.get("_snapshot", {}).get("_main_snapshot", state)  # with worker processes, or without
+    if main.get("_sampler_iter_yielded") != steps:
+        print(f"commrl: warning: {path} is not an epoch's end; the train loader starts afresh, as verl's")
+        return False
+    loader.load_state_dict(state)
+    for _ in loader:
+        raise RuntimeError(f"{path}: the restored epoch yielded a batch; it was saved exhausted")
+    return True
 
 
 def val_acc_history(run_id: str, tracking_uri: str | None = None) -> dict[int, float]:

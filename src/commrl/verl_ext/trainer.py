@@ -89,7 +89,7 @@ from commrl.rl.correction import Correction, RolloutCorrection, correct
 from commrl.rl.health import CollapseMonitor
 from commrl.rl.mismatch import mismatch_metrics
 from commrl.run import preempt
-from commrl.verl_ext.checkpoint import latest_tick, step_dir, validation_missing
+from commrl.verl_ext.checkpoint import latest_tick, restore_epoch_end, step_dir, validation_missing
 from commrl.verl_ext.config import METHOD_ENV, method_from_env
 from commrl.verl_ext.engine import (
     ANCHOR_ADV_KEY,
@@ -470,6 +470,8 @@ class CommrlPPOTrainer(RayPPOTrainer):
         out = super()._load_checkpoint()
         if self.global_steps > 0:
             self.checks.load(self._step_folder())
+            if restore_epoch_end(self.train_dataloader, self._step_folder(), self.global_steps):
+                print(f"commrl: restored the train loader at step {self.global_steps}, an epoch's end")
             trainer = self.config.trainer
             trainer.val_before_train = bool(trainer.get("val_only", False)) or self._validation_missing()
         return out
