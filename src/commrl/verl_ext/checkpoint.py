@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,21 +85,18 @@ def resolved_config(spec: VerlRun, cfg, digests: bool = True) -> dict[str, Any]:
         "method": spec.method.to_dict(),
         "verl": OmegaConf.to_container(cfg, resolve=True),
     }
-    if digests and (held := content_digests(cfg)):
+    if digests and (held := content_digests(values["verl"])):
         values["digest"] = held
     return values
 
 
-def content_digests(cfg) -> dict[str, str]:
+def content_digests(verl: Mapping[str, Any]) -> dict[str, str]:
     """``fingerprint.content_digest`` of the actor's model (``fingerprint.model_files`` of its folder here,
-    ``local_model_folder``) as ``model``, and of verl's train and validation files as ``data``; a part with
-    no file on this machine is left out."""
-    from omegaconf import OmegaConf
-
-    folder = local_model_folder(str(cfg.actor_rollout_ref.model.path))
-    listed = OmegaConf.to_container(cfg.data, resolve=True)
+    ``local_model_folder``) as ``model``, and of verl's train and validation files as ``data``, from verl's
+    resolved config ``verl``; a part with no file on this machine is left out."""
+    folder = local_model_folder(str(verl["actor_rollout_ref"]["model"]["path"]))
     data = []
-    for files in (listed["train_files"], listed["val_files"]):
+    for files in (verl["data"]["train_files"], verl["data"]["val_files"]):
         data += [Path(f).expanduser() for f in ([files] if isinstance(files, str) else files)]
     parts = {"model": fingerprint.model_files(folder) if folder else [], "data": data}
     return {part: digest for part, files in parts.items() if (digest := fingerprint.content_digest(files))}

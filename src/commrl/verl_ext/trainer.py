@@ -469,8 +469,9 @@ class CommrlPPOTrainer(RayPPOTrainer):
     def _load_checkpoint(self):
         out = super()._load_checkpoint()
         if self.global_steps > 0:
-            self.checks.load(self._step_folder())
-            if restore_epoch_end(self.train_dataloader, self._step_folder(), self.global_steps):
+            folder = self._step_folder()
+            self.checks.load(folder)
+            if restore_epoch_end(self.train_dataloader, folder, self.global_steps):
                 print(f"commrl: restored the train loader at step {self.global_steps}, an epoch's end")
             trainer = self.config.trainer
             trainer.val_before_train = bool(trainer.get("val_only", False)) or self._validation_missing()
