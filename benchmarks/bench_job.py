@@ -4,7 +4,8 @@ sampling, training, weight push, validation, checkpoints and tracking, as shares
 Each arm is one `commrl train` process, as a Snakemake training job runs it (one thread, its own MLflow
 store under the output folder, never results/mlflow.db); the trainer writes its phase seconds into
 ``summary.json`` (``time_s``, commrl.rl.timing) and the rest of the wall time is the interpreter's start and
-the imports. Arms alternate, so a busy machine slows both alike; the ratio is of medians.
+the imports. Arms alternate, so a busy machine slows both alike; the ratio is of medians, and beside it the
+median of each repetition's ratio with its 95% interval (from 6 repetitions: ``median_interval``).
 
     .venv/bin/python benchmarks/bench_job.py                           # the tiny pair's default, 2 repeats
     .venv/bin/python benchmarks/bench_job.py --arm vllm=sampler.backend=vllm --arm hf=sampler.backend=hf
@@ -31,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from commrl.report.stats import median_interval
+from commrl.report.style import format_interval
 from commrl.run import forkserver
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,7 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(table) > 1:
         first, *rest = table
         for name in rest:
-            print(f"wall {name} / {first}: {table[name]['wall'] / table[first]['wall']:.3f}x")
+            paired = median_interval(
+                a["wall"] / b["wall"] for a, b in zip(runs[name], runs[first], strict=True)
+            )
+            print(
+                f"wall {name} / {first}: {table[name]['wall'] / table[first]['wall']:.3f}x (medians); "
+                f"the repetitions' ratios: median {format_interval(paired)}"
+                + (f" ({paired.note})" if paired.low is None else "")
+            )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"arms": arms, "runs": runs, "medians": table}, indent=2) + "\n")

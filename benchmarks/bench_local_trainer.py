@@ -33,7 +33,8 @@ go signal to the end-of-tick callback (sampling + reward, log-probs, updates, th
 start-up (imports, model and engine load, commrl's tick-0 validation on 16 prompts) is measured separately.
 ``--warmup`` ticks per arm run uncounted. Tracking is off; checkpoints and validation fall outside the timed
 ticks. Ratios: of the means over the counted ticks (amortised) and the median of per-repetition ratios, on
-wall and on CPU time (process time of the arm, less sensitive to other jobs on the machine).
+wall and on CPU time (process time of the arm, less sensitive to other jobs on the machine), each with its
+95% interval over the repetitions (``lockstep.ratio``: the median's needs 6 paired ticks).
 
 TRL is not in the project lock; install it beside the venv (it reuses the venv's accelerate and datasets):
 
@@ -57,7 +58,16 @@ import time
 import traceback
 from pathlib import Path
 
-from lockstep import Arm, TickClock, WorkerFailed, ratio, redirect_output, run_lockstep, timed_ticks
+from lockstep import (
+    Arm,
+    TickClock,
+    WorkerFailed,
+    interval_text,
+    ratio,
+    redirect_output,
+    run_lockstep,
+    timed_ticks,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TRL_VERSION = "1.16.0"
@@ -360,9 +370,13 @@ def print_table(summary: dict) -> None:
         cells += [_fmt(a.get(k), 11) for k in ("train_s_median", "fast_wall_s_median", "fire_wall_s_median")]
         cells += [_fmt(a["response_length_mean"], 11, 1), _fmt(a["score_mean"], 11)]
         print(f"{label:<12}" + "".join(cells))
-    print(f"\n{'ratio':<36} {'of means':>9} {'median paired':>14} {'n':>3}")
+    interval = "95% interval"
+    print(f"\n{'ratio':<36} {'of means':>9} {interval:>16} {'median paired':>14} {interval:>16} {'n':>3}")
     for name, r in summary["ratios"].items():
-        print(f"{name:<36} {r['of_means']:>8.3f}x {r['median_paired']:>13.3f}x {r['n']:>3}")
+        print(
+            f"{name:<36} {r['of_means']:>8.3f}x {interval_text(r['of_means_low'], r['of_means_high']):>16} "
+            f"{r['median_paired']:>13.3f}x {interval_text(r['median_low'], r['median_high']):>16} {r['n']:>3}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -3,13 +3,15 @@
 One step = zero_grad, forward, backward, AdamW step. The method's step adds the activation codec on every
 decoder layer, PowerSGD with error feedback and the sign correction (after one anchor fire, so the dense
 memory exists). Dense and method steps are interleaved and the median of the per-repetition ratios is
-reported (target <= 1.25x). Two shapes:
+reported with its 95% interval (the order statistics of ``commrl.report.stats.median_interval``; from 6
+repetitions) (target <= 1.25x). Two shapes:
 
 - ``tiny``: the embedded default's policy (TinyModelShape: hidden 128, 4 layers), rank 16;
 - ``qwen15b-layer``: one Qwen2.5-1.5B-shaped decoder layer (hidden 1536, MLP 8960, 12 heads / 2 KV heads),
   a 512-token vocabulary so that the layer dominates, rank 77 (the paper's).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_method_overhead.py [--reps 5] [--out result.json]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_method_overhead.py [--reps 5] [--case tiny]
+        [--out result.json]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from commrl.compression import MethodConfig, TwoCircuitController
 from commrl.models.tiny import TinyModelShape
+from commrl.report.stats import median_interval
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class Case:
     rank: int
     batch: int
     length: int
+
+
+CASES = ("tiny", "qwen15b-layer")
 
 
 def cases(layer_tokens: int) -> list[Case]:
@@ -53,8 +59,8 @@ def cases(layer_tokens: int) -> list[Case]:
         tie_word_embeddings=True,
     )
     return [
-        Case("tiny", tiny_config, rank=16, batch=16, length=64),
-        Case("qwen15b-layer", layer_config, rank=77, batch=1, length=layer_tokens),
+        Case(CASES[0], tiny_config, rank=16, batch=16, length=64),
+        Case(CASES[1], layer_config, rank=77, batch=1, length=layer_tokens),
     ]
 
 
@@ -93,7 +99,7 @@ def measure(case: Case, reps: int) -> dict:
     torch.manual_seed(0)
     dense_model = Qwen2ForCausalLM(case.config).float()
     method_model = copy.deepcopy(dense_model)
-    cfg = MethodConfig(rank=case.rank, cadence=1_000_000, grad_cosine=False)  # the fire is only set-up here
+    cfg = MethodConfig(rank=case.rank, cadence=1_000_000, grad_cosine_every=0)  # the fire is only set-up here
     ctrl = TwoCircuitController(method_model, cfg)
     ids = torch.randint(0, case.config.vocab_size, (case.batch, case.length))
     dense_step, method_step = make_step(dense_model, None, ids), make_step(method_model, ctrl, ids)
@@ -106,6 +112,7 @@ def measure(case: Case, reps: int) -> dict:
             step()
             times.append(time.perf_counter() - start)
     ratios = [m / d for m, d in zip(method_s, dense_s, strict=True)]
+    median = median_interval(ratios)
     return {
         "case": case.name,
         "tokens_per_step": case.batch * case.length,
@@ -113,7 +120,9 @@ def measure(case: Case, reps: int) -> dict:
         "parameters": sum(p.numel() for p in dense_model.parameters()),
         "dense_s_median": statistics.median(dense_s),
         "method_s_median": statistics.median(method_s),
-        "ratio_median": statistics.median(ratios),
+        "ratio_median": median.estimate,
+        "ratio_low": median.low,
+        "ratio_high": median.high,
         "ratios": ratios,
     }
 
@@ -124,14 +133,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--layer-tokens", type=int, default=1024, help="tokens per step for the 1.5B layer")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--case", choices=CASES, action="append", help="only this case (default: both)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = [measure(case, args.reps) for case in cases(args.layer_tokens)]
-    print(f"{'case':<15} {'tokens':>7} {'rank':>5} {'dense s':>9} {'method s':>9} {'median ratio':>13}")
+    chosen = [case for case in cases(args.layer_tokens) if case.name in (args.case or CASES)]
+    results = [measure(case, args.reps) for case in chosen]
+    print(
+        f"{'case':<15} {'tokens':>7} {'rank':>5} {'dense s':>9} {'method s':>9} {'median ratio':>13} "
+        f"{'95% interval':>16}"
+    )
     for r in results:
+        interval = "-" if r["ratio_low"] is None else f"[{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"
         print(
             f"{r['case']:<15} {r['tokens_per_step']:>7} {r['rank']:>5} {r['dense_s_median']:>9.4f} "
-            f"{r['method_s_median']:>9.4f} {r['ratio_median']:>12.3f}x"
+            f"{r['method_s_median']:>9.4f} {r['ratio_median']:>12.3f}x {interval:>16}"
         )
     if args.out:
         tmp = args.out.with_suffix(args.out.suffix + ".tmp")

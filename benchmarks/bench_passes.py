@@ -11,6 +11,9 @@ repetition by repetition; each arm's median, and its ratio to the trainer's own 
 - `bf16`: copies of the policy and the reference in bfloat16 (what a lower precision would buy; it would
   change every number).
 
+Each arm's ratio to `default` is the median of the repetitions' ratios, with its 95% interval from 6
+repetitions (`commrl.report.stats.median_interval`).
+
 Then the eager pass's share of matrix products (`aten::mm`/`addmm`/`bmm`, torch.profiler) and their rate,
 against the same products timed alone: how much of a pass anything but faster arithmetic could remove. And
 one tick's sampling (the HF sampler, 16 prompts x 8): the share inside the model's forward calls, and of
@@ -37,6 +40,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
+from commrl.report.stats import median_interval
 from commrl.rl import grpo
 from commrl.rl.batch import micro_batches
 from commrl.rl.config import load_train_config
@@ -178,11 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeat):
         for name, fn in arms.items():
             times[name].append(seconds(fn))
-    base = statistics.median(times["default"])
-    print(f"a dense tick's passes, {batch.size} sequences, micro-batch {micro}, medians of {args.repeat}:")
+    print(
+        f"a dense tick's passes, {batch.size} sequences, micro-batch {micro}, medians of {args.repeat}; "
+        "the ratio to default is the median of the repetitions' ratios and its 95% interval:"
+    )
     for name, values in times.items():
-        med = statistics.median(values)
-        print(f"  {name:<8} {med * 1e3:7.1f} ms  {med / base:.3f}x")
+        paired = median_interval(v / d for v, d in zip(values, times["default"], strict=True))
+        interval = "" if paired.low is None else f" [{paired.low:.3f}, {paired.high:.3f}]"
+        print(f"  {name:<8} {statistics.median(values) * 1e3:7.1f} ms  {paired.estimate:.3f}x{interval}")
     mm_s, total_s, gflop = matmul_profile(arms["default"])
     tokens = max(mb.pack().tokens for _, mb in micro_batches(batch, micro))
     shape = trainer.model.config

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
+
+from commrl.report import stats
 
 
 @dataclass
@@ -136,17 +137,38 @@ def timed_ticks(result: dict, fire: bool | None = None) -> list[dict]:
 
 def ratio(num: dict, den: dict, key: str = "wall_s", fire: bool | None = None) -> dict[str, float]:
     """``num`` over ``den`` on ``key``: the ratio of the means (amortised over the counted ticks) and the
-    median of the per-repetition ratios; with ``fire`` set, only ``num``'s fire (or fast) ticks, each against
-    ``den``'s tick of the same repetition."""
+    median of the per-repetition ratios, each with its 95% interval (``of_means_low``/``_high``: Fieller's,
+    or BCa from 20 repetitions, paired by repetition; ``median_low``/``_high``: the median's order
+    statistics; None with too few ticks); with ``fire`` set, only ``num``'s fire (or fast) ticks, each
+    against ``den``'s tick of the same repetition."""
     pairs = [
         (a[key], b[key])
         for a, b in zip(num["ticks"], den["ticks"], strict=True)
         if not a["warmup"] and (fire is None or a.get("fire", False) == fire)
     ]
     if not pairs:
-        return {"of_means": float("nan"), "median_paired": float("nan"), "n": 0}
+        nan = float("nan")
+        return {"of_means": nan, "median_paired": nan, "n": 0} | dict.fromkeys(INTERVAL_KEYS)
+    means = stats.ratio_interval(
+        {str(i): a for i, (a, _) in enumerate(pairs)},
+        {str(i): b for i, (_, b) in enumerate(pairs)},
+        nonnegative=True,
+    )
+    median = stats.median_interval(a / b for a, b in pairs)
     return {
-        "of_means": statistics.fmean(a for a, _ in pairs) / statistics.fmean(b for _, b in pairs),
-        "median_paired": statistics.median(a / b for a, b in pairs),
+        "of_means": means.estimate,
+        "of_means_low": means.low,
+        "of_means_high": means.high,
+        "median_paired": median.estimate,
+        "median_low": median.low,
+        "median_high": median.high,
         "n": len(pairs),
     }
+
+
+INTERVAL_KEYS = ("of_means_low", "of_means_high", "median_low", "median_high")
+
+
+def interval_text(low: float | None, high: float | None) -> str:
+    """``[low, high]`` to 3 decimals, or ``-`` without an interval."""
+    return "-" if low is None or high is None else f"[{low:.3f}, {high:.3f}]"
