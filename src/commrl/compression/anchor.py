@@ -221,7 +221,7 @@ class TwoCircuitController:
     def compress_gradients(self) -> None:
         """Fast circuit on ``p.grad``: PowerSGD with error feedback, then the sign correction (§2).
 
-        Once a memory exists, also counts ``sign_agreement(G_corr, M)`` over the sign scope for the
+        Once a memory exists, also counts ``sign_agreement(G_corr, sign(M))`` over the sign scope for the
         tick's ``sign_memory/agreement`` (also with ``alpha = 1``, where ``G_corr`` is ``G_hat``).
         """
         if self._fired_this_tick:
@@ -241,10 +241,10 @@ class TwoCircuitController:
         for name, grad in grads.items():
             if name not in self.memory:
                 continue
-            local, M = local_tensor(grad), self.memory[name]
+            local, sign_M = local_tensor(grad), torch.sign(self.memory[name])
             if self.cfg.alpha < 1.0:
-                sign_correct_(local, M, self.cfg.alpha)
-            self._agreement.add(sign_agreement(local, M), self._sharded[name])
+                sign_correct_(local, self.memory[name], self.cfg.alpha, sign_M)
+            self._agreement.add(sign_agreement(local, sign_M), self._sharded[name])
 
     @torch.no_grad()
     def fire(self, dense_replay: Callable[[], Any], codec_replay: Callable[[], Any] | None = None) -> None:
