@@ -151,10 +151,14 @@ def main(argv: list[str] | None = None) -> int:
             paired = median_interval(
                 a["wall"] / b["wall"] for a, b in zip(runs[name], runs[first], strict=True)
             )
+            median = (
+                format_interval(paired)
+                if paired.low is not None
+                else f"{paired.estimate:.4g} ({paired.note})"
+            )
             print(
                 f"wall {name} / {first}: {table[name]['wall'] / table[first]['wall']:.3f}x (medians); "
-                f"the repetitions' ratios: median {format_interval(paired)}"
-                + (f" ({paired.note})" if paired.low is None else "")
+                f"the repetitions' ratios: median {median}"
             )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
