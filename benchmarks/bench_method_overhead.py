@@ -3,8 +3,8 @@
 One step = zero_grad, forward, backward, AdamW step. The method's step adds the activation codec on every
 decoder layer, PowerSGD with error feedback and the sign correction (after one anchor fire, so the dense
 memory exists). Dense and method steps are interleaved and the median of the per-repetition ratios is
-reported with its 95% interval (the order statistics of ``commrl.report.stats.median_interval``; from 6
-repetitions) (target <= 1.25x). Two shapes:
+reported (target <= 1.25x) with its 95% interval (the order statistics of
+``commrl.report.stats.median_interval``, from 6 repetitions). Two shapes:
 
 - ``tiny``: the embedded default's policy (TinyModelShape: hidden 128, 4 layers), rank 16;
 - ``qwen15b-layer``: one Qwen2.5-1.5B-shaped decoder layer (hidden 1536, MLP 8960, 12 heads / 2 KV heads),

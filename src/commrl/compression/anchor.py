@@ -241,9 +241,10 @@ class TwoCircuitController:
         for name, grad in grads.items():
             if name not in self.memory:
                 continue
-            local, sign_M = local_tensor(grad), torch.sign(self.memory[name])
+            local, M = local_tensor(grad), self.memory[name]
+            sign_M = torch.sign(M)  # one pass, read by the correction and the agreement
             if self.cfg.alpha < 1.0:
-                sign_correct_(local, self.memory[name], self.cfg.alpha, sign_M)
+                sign_correct_(local, M, self.cfg.alpha, sign_M)
             self._agreement.add(sign_agreement(local, sign_M), self._sharded[name])
 
     @torch.no_grad()

@@ -31,7 +31,8 @@ def sign_agreement(G_corr: Tensor, sign_M: Tensor) -> Tensor:
     Takes ``sign_M = torch.sign(M)`` and counts on ``G_corr * sign_M``, whose sign is that of
     ``sign(G_corr) * sign(M)`` (a product by -1, 0 or 1 neither rounds nor underflows; a NaN, where
     ``torch.sign`` gives 0, or an infinity times 0 is NaN, neither above nor below 0): one sign and two
-    comparisons instead of three signs and two boolean sums, 3x faster on a CPU.
+    comparisons instead of three signs and two boolean sums (a 1536 x 8960 matrix on one CPU thread:
+    47 ms against 205 ms).
     Returned as a float64 pair on ``G_corr``'s device, to be summed without a host synchronisation.
     """
     product = G_corr * sign_M
