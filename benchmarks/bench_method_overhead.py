@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from lockstep import interval_text
 from tqdm import tqdm
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -143,10 +144,10 @@ def main() -> None:
         f"{'95% interval':>16}"
     )
     for r in results:
-        interval = "-" if r["ratio_low"] is None else f"[{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"
         print(
             f"{r['case']:<15} {r['tokens_per_step']:>7} {r['rank']:>5} {r['dense_s_median']:>9.4f} "
-            f"{r['method_s_median']:>9.4f} {r['ratio_median']:>12.3f}x {interval:>16}"
+            f"{r['method_s_median']:>9.4f} {r['ratio_median']:>12.3f}x "
+            f"{interval_text(r['ratio_low'], r['ratio_high']):>16}"
         )
     if args.out:
         tmp = args.out.with_suffix(args.out.suffix + ".tmp")

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
+from lockstep import interval_text
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 from commrl.report.stats import median_interval
@@ -188,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, values in times.items():
         paired = median_interval(v / d for v, d in zip(values, times["default"], strict=True))
-        interval = "" if paired.low is None else f" [{paired.low:.3f}, {paired.high:.3f}]"
-        print(f"  {name:<8} {statistics.median(values) * 1e3:7.1f} ms  {paired.estimate:.3f}x{interval}")
+        interval = interval_text(paired.low, paired.high)
+        print(f"  {name:<8} {statistics.median(values) * 1e3:7.1f} ms  {paired.estimate:.3f}x {interval}")
     mm_s, total_s, gflop = matmul_profile(arms["default"])
     tokens = max(mb.pack().tokens for _, mb in micro_batches(batch, micro))
     shape = trainer.model.config

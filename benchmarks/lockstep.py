@@ -135,6 +135,14 @@ def timed_ticks(result: dict, fire: bool | None = None) -> list[dict]:
     return [t for t in result["ticks"] if not t["warmup"] and (fire is None or t.get("fire", False) == fire)]
 
 
+INTERVAL_KEYS = ("of_means_low", "of_means_high", "median_low", "median_high")
+
+
+def interval_text(low: float | None, high: float | None) -> str:
+    """``[low, high]`` to 3 decimals, or ``-`` without an interval."""
+    return "-" if low is None or high is None else f"[{low:.3f}, {high:.3f}]"
+
+
 def ratio(num: dict, den: dict, key: str = "wall_s", fire: bool | None = None) -> dict[str, float]:
     """``num`` over ``den`` on ``key``: the ratio of the means (amortised over the counted ticks) and the
     median of the per-repetition ratios, each with its 95% interval (``of_means_low``/``_high``: Fieller's,
@@ -164,11 +172,3 @@ def ratio(num: dict, den: dict, key: str = "wall_s", fire: bool | None = None) -
         "median_high": median.high,
         "n": len(pairs),
     }
-
-
-INTERVAL_KEYS = ("of_means_low", "of_means_high", "median_low", "median_high")
-
-
-def interval_text(low: float | None, high: float | None) -> str:
-    """``[low, high]`` to 3 decimals, or ``-`` without an interval."""
-    return "-" if low is None or high is None else f"[{low:.3f}, {high:.3f}]"
